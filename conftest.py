@@ -1,0 +1,164 @@
+"""Project-wide test fixtures: named users and a real Celery worker process."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+BASE_DIR = Path(__file__).resolve().parent
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def pytest_configure(config):
+    """Give tests their own filesystem-broker folder, so a `make run` worker never
+    steals their messages. pytest-django has loaded settings by now, but Celery
+    reads its configuration lazily, on first use."""
+    from django.conf import settings
+
+    if settings.CELERY_BROKER_URL == "filesystem://":
+        broker_dir = BASE_DIR / "var" / "test-broker"
+        for sub in ("in", "processed", "control"):
+            (broker_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.environ["BROKER_DIR"] = str(broker_dir)
+        settings.BROKER_DIR = broker_dir
+        settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
+            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+            "data_folder_in": str(broker_dir / "in"),
+            "data_folder_out": str(broker_dir / "in"),
+            "processed_folder": str(broker_dir / "processed"),
+            "control_folder": str(broker_dir / "control"),
+        }
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def admin_user(django_user_model):
+    return django_user_model.objects.create_superuser("alice", "alice@example.com", "pw-alice")
+
+
+@pytest.fixture
+def member(django_user_model):
+    return django_user_model.objects.create_user("bob", "bob@example.com", "pw-bob")
+
+
+@pytest.fixture
+def outsider(django_user_model):
+    return django_user_model.objects.create_user("carol", "carol@example.com", "pw-carol")
+
+
+@pytest.fixture
+def member_client(client, member):
+    client.force_login(member)
+    return client
+
+
+@pytest.fixture
+def admin_client(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of a worker process that shares the test database and broker."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        env["SQLITE_PATH"] = str(name)
+    else:
+        parts = urlsplit(os.environ["DATABASE_URL"])
+        env["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{name}"))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class WorkerProcess:
+    """A `celery worker` subprocess; tests may kill it and start another."""
+
+    def __init__(self, log_dir: Path, concurrency: int = 2):
+        self.log_dir = log_dir
+        self.concurrency = concurrency
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+
+    def start(self) -> "WorkerProcess":
+        self.log_path = self.log_dir / f"worker-{uuid.uuid4().hex[:8]}.log"
+        name = f"test-{uuid.uuid4().hex[:8]}@%h"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "evalsite",
+                "worker",
+                "--loglevel=INFO",
+                f"--concurrency={self.concurrency}",
+                "-n",
+                name,
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=BASE_DIR,
+            env=worker_environment(),
+            stdout=self.log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the worker's whole process group (main process and pool children)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+
+def purge_broker() -> None:
+    from evalsite.celery import app
+
+    app.control.purge()
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, tmp_path):
+    """A real Celery worker over the real broker, against the test database."""
+    purge_broker()
+    worker = WorkerProcess(tmp_path).start()
+    yield worker
+    # Nothing in a finished test needs a graceful shutdown, and a warm one takes seconds.
+    worker.kill()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message=lambda: "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {message() if callable(message) else message}"
+    )

@@ -1,0 +1,247 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Count, Q
+from django.urls import reverse
+
+from experiments_app.models import Experiment, TaskVersion, Variant
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        FINISHED = "finished"
+        CANCELLED = "cancelled"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="runs")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    config = models.JSONField(default=dict, help_text="Frozen experiment, variants and overrides")
+    overrides = models.JSONField(default=list, blank=True, help_text="path=value strings")
+    fingerprint = models.CharField(max_length=64, blank=True)
+    max_parallel = models.PositiveIntegerField(default=4)
+    sample_seed = models.BigIntegerField(null=True, blank=True)
+    keep_artifacts = models.BooleanField(default=False)
+    historical = models.BooleanField(default=False, help_text="Imported results: read-only")
+    cancel_requested = models.BooleanField(default=False)
+    # Counts are derived from trial outcomes (refresh_counts), never from exit codes.
+    n_trials = models.PositiveIntegerField(default=0)
+    n_queued = models.PositiveIntegerField(default=0)
+    n_running = models.PositiveIntegerField(default=0)
+    n_passed = models.PositiveIntegerField(default=0)
+    n_failed = models.PositiveIntegerField(default=0)
+    n_error = models.PositiveIntegerField(default=0)
+    n_cancelled = models.PositiveIntegerField(default=0)
+    gates = models.JSONField(default=list, blank=True)
+    gates_passed = models.BooleanField(null=True)
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Home page: running runs first, then recent ones.
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            # Experiment page: its runs, newest first.
+            models.Index(fields=["experiment", "-created_at"], name="run_experiment_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} of {self.experiment.slug}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("run_detail", args=[self.pk])
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in (self.Status.FINISHED, self.Status.CANCELLED)
+
+    @property
+    def n_done(self) -> int:
+        return self.n_passed + self.n_failed + self.n_error + self.n_cancelled
+
+    def refresh_counts(self) -> None:
+        """Recount this run's current trials by status and store the counts."""
+        counts = Trial.objects.filter(run=self, is_latest=True).aggregate(
+            total=Count("pk"),
+            **{status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values},
+        )
+        self.n_trials = counts["total"]
+        for status in Trial.Status.values:
+            setattr(self, f"n_{status}", counts[status])
+        self.save(
+            update_fields=[
+                "n_trials",
+                *(f"n_{status}" for status in Trial.Status.values),
+            ]
+        )
+
+
+class TrialQuerySet(models.QuerySet):
+    def for_run(self, run: Run):
+        return self.filter(run=run)
+
+    def latest(self):
+        """The current attempt of each trial slot (retries keep the old rows)."""
+        return self.filter(is_latest=True)
+
+    def finished(self):
+        return self.filter(status__in=Trial.FINAL_STATUSES)
+
+
+class Trial(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        PASSED = "passed"
+        FAILED = "failed"
+        ERROR = "error"
+        CANCELLED = "cancelled"
+
+    FINAL_STATUSES = (Status.PASSED, Status.FAILED, Status.ERROR, Status.CANCELLED)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials")
+    task_version = models.ForeignKey(TaskVersion, on_delete=models.PROTECT, related_name="trials")
+    variant = models.ForeignKey(Variant, on_delete=models.PROTECT, related_name="trials")
+    replicate = models.PositiveIntegerField(default=0)
+    dataset_row_id = models.CharField(max_length=200, blank=True)
+    dataset_row = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    attempt = models.PositiveIntegerField(default=1)
+    is_latest = models.BooleanField(default=True, help_text="False for attempts replaced by a retry")
+    previous_attempt = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The resolved configuration this trial runs with, and which layer set each field.
+    config = models.JSONField(default=dict)
+    lineage = models.JSONField(default=dict, blank=True)
+    prompt = models.TextField(blank=True)
+    config_fingerprint = models.CharField(max_length=64, blank=True)
+    score = models.FloatField(null=True, blank=True)
+    queued_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    setup_seconds = models.FloatField(null=True, blank=True)
+    agent_seconds = models.FloatField(null=True, blank=True)
+    grading_seconds = models.FloatField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_creation_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    turns = models.PositiveIntegerField(default=0)
+    error_category = models.CharField(max_length=50, blank=True)
+    error_message = models.TextField(blank=True)
+    timed_out = models.BooleanField(default=False)
+    budget_exceeded = models.CharField(
+        max_length=30, blank=True, help_text="Which budget stopped the agent: tokens, usd or turns"
+    )
+    agent_exit_code = models.IntegerField(null=True, blank=True)
+    agent_stdout = models.TextField(blank=True)
+    agent_stderr = models.TextField(blank=True)
+    diff = models.TextField(blank=True)
+    diff_truncated = models.BooleanField(default=False)
+    artifact = models.CharField(max_length=500, blank=True, help_text="Storage name of the tar.gz")
+
+    objects = TrialQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["pk"]
+        indexes = [
+            # Run page counts and dispatch: trials of a run by status.
+            models.Index(fields=["run", "status"], name="trial_run_status_idx"),
+            # Comparison: current attempts of a run grouped by variant and task.
+            models.Index(
+                fields=["run", "is_latest", "variant", "task_version"], name="trial_run_variant_task_idx"
+            ),
+            # Reaper: running trials whose lease expired.
+            models.Index(fields=["status", "lease_expires_at"], name="trial_status_lease_idx"),
+            # Run page trial table, newest finished first.
+            models.Index(fields=["run", "-finished_at"], name="trial_run_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"trial {self.pk} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("trial_detail", args=[self.run_id, self.pk])
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in self.FINAL_STATUSES
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
+
+
+class CriterionResult(models.Model):
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="criterion_results")
+    index = models.PositiveIntegerField()
+    type = models.CharField(max_length=50)
+    description = models.TextField(blank=True)
+    score = models.FloatField()
+    passed = models.BooleanField()
+    weight = models.FloatField(default=1.0)
+    pass_threshold = models.FloatField(default=1.0)
+    gating = models.BooleanField(default=True)
+    details = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["trial", "index"]
+        constraints = [
+            # Serves the trial page's ordered criterion list; one result per criterion.
+            models.UniqueConstraint(fields=["trial", "index"], name="criterionresult_trial_index_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.index}: {'pass' if self.passed else 'fail'}"
+
+
+class TrialEvent(models.Model):
+    class Kind(models.TextChoices):
+        PHASE = "phase"
+        MESSAGE = "message"
+        TOOL_CALL = "tool_call"
+        TOOL_RESULT = "tool_result"
+        OUTPUT = "output"
+        USAGE = "usage"
+        ERROR = "error"
+        SYSTEM = "system"
+
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["trial", "seq"]
+        constraints = [
+            # Serves the transcript (events of a trial in order) and the live stream's "after seq N".
+            models.UniqueConstraint(fields=["trial", "seq"], name="trialevent_trial_seq_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.seq}"
+
+
+class Worker(models.Model):
+    """A Celery worker that answered recently (shown on the dashboard; proves the queue works)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    hostname = models.CharField(max_length=200, blank=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_seen_at"]
+
+    def __str__(self) -> str:
+        return self.name

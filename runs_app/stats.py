@@ -1,0 +1,376 @@
+"""Statistics for the comparison pages: intervals, pass@k, paired tests, multiplicity.
+
+Pure Python (math, random, statistics): no Django, no numpy, so it tests in milliseconds and the
+web process needs no scientific stack. A task's result is a `PassCount`, `(passes, n)`: n counts
+the trials that ended `passed` or `failed`; `error` and `cancelled` trials are left out by the
+caller, never counted as fails.
+
+Bootstraps resample tasks, not trials: the repeats of one task are correlated, so treating them
+as independent would make intervals too narrow (Miller 2024, "Adding Error Bars to Evals",
+arXiv:2411.00640). They are seeded and put their input in a canonical order, so the same data
+gives the same interval whatever order the database returned it in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from statistics import NormalDist
+from typing import NamedTuple, TypeVar
+
+PassCount = tuple[int, int]
+"""(passes, n) for one task."""
+
+TaskKey = TypeVar("TaskKey")
+
+# Resampled means closer to 0 than this count as ties with 0: float sums of per-task differences
+# that cancel exactly on paper (0.1 + 0.2 - 0.3) land a few 1e-17 away from it, while a real
+# non-zero mean is a multiple of 1 / (tasks · a common multiple of the n_baseline · n_variant),
+# about 1e-10 at worst for 1,000 tasks of up to 10 repeats each.
+_TIE = 1e-12
+
+
+class PairedResult(NamedTuple):
+    """A variant against the baseline: mean per-task Δ pass rate, its interval, two-sided p."""
+
+    delta: float
+    low: float
+    high: float
+    p_value: float
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998).
+
+    With p = successes / n and z the two-sided normal quantile for `confidence`:
+
+        centre = (p + z²/2n) / (1 + z²/n)
+        half   = z / (1 + z²/n) · sqrt(p(1 - p)/n + z²/4n²)
+
+    Unlike the Wald interval it stays inside [0, 1] and does not collapse to a point at 0/n or n/n.
+    No trials (n = 0) says nothing: (0.0, 1.0).
+    """
+    _check_count(successes, n)
+    z = _z(confidence)
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # At 0/n and n/n the bound is exactly 0 or 1 on paper; rounding would leave ±1e-17.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return (low, high)
+
+
+def cluster_bootstrap_pass_rate(
+    per_task: Mapping[TaskKey, Sequence[bool]] | Iterable[PassCount],
+    *,
+    iterations: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """Pooled pass rate with a percentile interval from a bootstrap over tasks (clusters).
+
+    `per_task` maps each task to its trial outcomes, or lists one (passes, n) per task.
+    Returns (estimate, low, high); estimate = Σ passes / Σ n over all tasks.
+
+    1. Keep tasks with n > 0 and sort their (passes, n) so the input order does not matter.
+    2. Draw as many tasks as there are, with replacement (random.Random(seed)).
+    3. Pool the draw: Σ passes / Σ n. Repeat `iterations` times.
+    4. The interval is the (1 - confidence)/2 and (1 + confidence)/2 quantiles of those rates
+       (percentile method: Efron & Tibshirani 1993, ch. 13; resampling clusters: Davison &
+       Hinkley 1997, §3.8, hierarchical data).
+
+    No tasks with trials: (0.0, 0.0, 1.0). The bootstrap sees only the variation present: if
+    every task passes every time, or there is a single task, the interval has zero width.
+    """
+    counts = sorted(_pass_counts(per_task))
+    alpha = _alpha(confidence)
+    _check_iterations(iterations)
+    if not counts:
+        return (0.0, 0.0, 1.0)
+    estimate = sum(k for k, _ in counts) / sum(n for _, n in counts)
+    # Pack each task into one int, n * shift + passes, so a single sum() over a draw gives both
+    # totals (twice as fast as two sums); shift exceeds any drawn total of passes, so divmod
+    # splits them back exactly.
+    shift = len(counts) * max(k for k, _ in counts) + 1
+    packed = [n * shift + k for k, n in counts]
+    rng = random.Random(seed)
+    rates = []
+    for _ in range(iterations):
+        total_n, total_passes = divmod(sum(rng.choices(packed, k=len(packed))), shift)
+        rates.append(total_passes / total_n)
+    rates.sort()
+    return (estimate, quantile(rates, alpha / 2), quantile(rates, 1 - alpha / 2))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c passed (Chen et al. 2021, arXiv:2107.03374, §2.1).
+
+    pass@k = 1 - C(n - c, k) / C(n, k): the chance that k samples drawn without replacement
+    from the n include at least one pass. The codex paper evaluates it as a float product to
+    avoid overflowing C(n, k); Python's integers are exact and its int / int division rounds
+    once, so the ratio of exact binomials is both simpler and more accurate.
+    k > n is undefined (fewer than k samples): ValueError.
+    """
+    _check_k(n, c, k)
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass^k from n samples of which c passed: C(c, k) / C(n, k).
+
+    The chance that k samples drawn without replacement all pass: how reliably the agent
+    solves the task every time (Yao et al. 2024, τ-bench, arXiv:2406.12045). 0 when c < k.
+    k > n is undefined: ValueError.
+    """
+    _check_k(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_at_k_curve(per_task: Iterable[PassCount]) -> dict[int, float]:
+    """Mean pass@k over tasks for k = 1 … the smallest n among tasks with trials."""
+    return _curve(pass_at_k, per_task)
+
+
+def pass_hat_k_curve(per_task: Iterable[PassCount]) -> dict[int, float]:
+    """Mean pass^k over tasks for k = 1 … the smallest n among tasks with trials."""
+    return _curve(pass_hat_k, per_task)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs b and c (McNemar 1947).
+
+    Under the null each discordant pair goes either way with probability 1/2, so
+    min(b, c) ~ Binomial(b + c, 1/2) and p = min(1, 2 · P(X ≤ min(b, c))), computed exactly
+    with integers. No discordant pairs (b = c = 0): 1.0.
+    """
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
+    n = b + c
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def paired_bootstrap(
+    baseline: Mapping[TaskKey, PassCount],
+    variant: Mapping[TaskKey, PassCount],
+    *,
+    iterations: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> PairedResult:
+    """Mean per-task Δ pass rate (variant - baseline) with a bootstrap interval and p-value.
+
+    1. Keep tasks present in both arms with n > 0 in both, in sorted key order (task keys must
+       be sortable: ids or names), so neither the mappings' order nor which arm is the baseline
+       changes the draw: swapping the arms mirrors the result exactly.
+       d_i = rate_variant - rate_baseline; Δ is the mean of d_i (each task weighs the same).
+    2. Draw as many tasks as there are, with replacement; record the mean d of the draw.
+       Repeat `iterations` (B) times.
+    3. Interval: the (1 - confidence)/2 and (1 + confidence)/2 quantiles of the means.
+    4. p-value: twice the smaller share of resampled means on either side of 0, counting means
+       at 0 on both sides, plus one so that p is never 0 (North, Curtis & Sham 2002, "A note
+       on the calculation of empirical P values from Monte Carlo procedures"):
+       p = min(1, 2 · (1 + min(#{mean ≤ 0}, #{mean ≥ 0})) / (B + 1)). This is about the level
+       at which the percentile interval just reaches 0 (Efron & Tibshirani 1993, ch. 15), so
+       p-value and interval agree; identical arms give p = 1.
+
+    No task in common: Δ = 0, interval (-1, 1), p = 1. With a handful of tasks the bootstrap
+    understates uncertainty (tasks that all moved by the same amount give a zero-width interval
+    and p ≈ 2 / (B + 1)); callers should flag comparisons on very few tasks.
+    """
+    alpha = _alpha(confidence)
+    _check_iterations(iterations)
+    diffs = _paired_differences(baseline, variant)
+    if not diffs:
+        return PairedResult(0.0, -1.0, 1.0, 1.0)
+    tasks = len(diffs)
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=tasks)) / tasks for _ in range(iterations))
+    at_or_below = sum(1 for mean in means if mean <= _TIE)
+    at_or_above = sum(1 for mean in means if mean >= -_TIE)
+    p_value = min(1.0, 2 * (1 + min(at_or_below, at_or_above)) / (iterations + 1))
+    return PairedResult(
+        math.fsum(diffs) / tasks,
+        quantile(means, alpha / 2),
+        quantile(means, 1 - alpha / 2),
+        p_value,
+    )
+
+
+def paired_delta_interval_one_repeat(
+    pairs: Iterable[tuple[bool, bool]], confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """Δ pass rate (variant - baseline) with Newcombe's interval, from one repeat per task.
+
+    `pairs` holds (baseline_passed, variant_passed) for each task both arms ran. Returns
+    (delta, low, high); see `newcombe_paired_interval`. Shown next to `mcnemar_exact`.
+    """
+    both = variant_only = baseline_only = neither = 0
+    for baseline_passed, variant_passed in pairs:
+        if baseline_passed and variant_passed:
+            both += 1
+        elif variant_passed:
+            variant_only += 1
+        elif baseline_passed:
+            baseline_only += 1
+        else:
+            neither += 1
+    return newcombe_paired_interval(both, variant_only, baseline_only, neither, confidence)
+
+
+def newcombe_paired_interval(
+    both: int, variant_only: int, baseline_only: int, neither: int, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """Difference of paired proportions with Newcombe's square-and-add interval (method 10).
+
+    Newcombe, "Improved confidence intervals for the difference between binomial proportions
+    based on paired data", Statistics in Medicine 17 (1998) 2635-2650; also Fagerland,
+    Lydersen & Laake (2014), Statistics in Medicine 33, 2850-2875, who recommend it.
+    With the table a = both, b = variant_only, c = baseline_only, d = neither, N = a+b+c+d:
+
+    1. p1 = (a + b)/N (variant), p2 = (a + c)/N (baseline), Δ = p1 - p2 = (b - c)/N.
+    2. Wilson intervals (l1, u1) for p1 and (l2, u2) for p2.
+    3. φ, the correlation of the two margins, from A = ad - bc and M = product of the four
+       margins: (A - N/2)/√M if A > N/2; 0 if 0 ≤ A ≤ N/2; A/√M if A < 0; 0 if a margin is 0.
+    4. low  = Δ - √((p1 - l1)² + (u2 - p2)² - 2φ(p1 - l1)(u2 - p2))
+       high = Δ + √((p2 - l2)² + (u1 - p1)² - 2φ(p2 - l2)(u1 - p1))
+
+    No pairs: (0.0, -1.0, 1.0).
+    """
+    _alpha(confidence)
+    cells = (both, variant_only, baseline_only, neither)
+    if min(cells) < 0:
+        raise ValueError(f"paired counts must be >= 0, got {cells}")
+    a, b, c, d = cells
+    total = a + b + c + d
+    if total == 0:
+        return (0.0, -1.0, 1.0)
+    p1, p2 = (a + b) / total, (a + c) / total
+    l1, u1 = wilson_interval(a + b, total, confidence)
+    l2, u2 = wilson_interval(a + c, total, confidence)
+    phi = _newcombe_phi(a, b, c, d)
+    delta = (b - c) / total
+    low = delta - _root_sum_squares(p1 - l1, u2 - p2, phi)
+    high = delta + _root_sum_squares(p2 - l2, u1 - p1, phi)
+    return (delta, max(-1.0, low), min(1.0, high))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values (Holm 1979), in the input order.
+
+    1. Sort the m p-values ascending: p(1) ≤ … ≤ p(m).
+    2. adjusted(i) = max over j ≤ i of min(1, (m - j + 1) · p(j)), so they never decrease.
+    3. Put each adjusted value back at its p-value's original position.
+    """
+    if not all(0.0 <= p <= 1.0 for p in p_values):
+        raise ValueError(f"p-values must be within [0, 1], got {list(p_values)}")
+    m = len(p_values)
+    order = sorted(range(m), key=p_values.__getitem__)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile (0 ≤ q ≤ 1) of already sorted values, interpolating linearly between
+    order statistics (Hyndman & Fan 1996 definition 7, numpy's default)."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within [0, 1], got {q}")
+    position = q * (len(sorted_values) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(sorted_values) - 1)
+    fraction = position - below
+    return sorted_values[below] + (sorted_values[above] - sorted_values[below]) * fraction
+
+
+def _curve(estimator: Callable[[int, int, int], float], per_task: Iterable[PassCount]) -> dict[int, float]:
+    # Every point averages over the same tasks, so k stops at the smallest n: a task that lost a
+    # trial to an error would otherwise drop out of the larger k only and bend the curve.
+    counts = [(k, n) for k, n in per_task if n > 0]
+    for passes, n in counts:
+        _check_count(passes, n)
+    if not counts:
+        return {}
+    largest_k = min(n for _, n in counts)
+    return {
+        k: math.fsum(estimator(n, passes, k) for passes, n in counts) / len(counts)
+        for k in range(1, largest_k + 1)
+    }
+
+
+def _pass_counts(per_task: Mapping[TaskKey, Sequence[bool]] | Iterable[PassCount]) -> list[PassCount]:
+    if isinstance(per_task, Mapping):
+        pairs = [(sum(map(bool, outcomes)), len(outcomes)) for outcomes in per_task.values()]
+    else:
+        pairs = [(passes, n) for passes, n in per_task]
+    for passes, n in pairs:
+        _check_count(passes, n)
+    return [(passes, n) for passes, n in pairs if n > 0]
+
+
+def _paired_differences(
+    baseline: Mapping[TaskKey, PassCount], variant: Mapping[TaskKey, PassCount]
+) -> list[float]:
+    diffs = []
+    for task in sorted(baseline.keys() & variant.keys()):
+        base_passes, base_n = baseline[task]
+        variant_passes, variant_n = variant[task]
+        _check_count(base_passes, base_n)
+        _check_count(variant_passes, variant_n)
+        if base_n and variant_n:
+            diffs.append(variant_passes / variant_n - base_passes / base_n)
+    return diffs
+
+
+def _newcombe_phi(a: int, b: int, c: int, d: int) -> float:
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    if margins == 0:
+        return 0.0
+    half_total = (a + b + c + d) / 2
+    cross = a * d - b * c
+    if cross > half_total:
+        return (cross - half_total) / math.sqrt(margins)
+    if cross >= 0:
+        return 0.0
+    return cross / math.sqrt(margins)
+
+
+def _root_sum_squares(x: float, y: float, phi: float) -> float:
+    # Mathematically ≥ (x - y)² ≥ 0 since |φ| ≤ 1; max() absorbs a rounding step below zero.
+    return math.sqrt(max(0.0, x * x + y * y - 2 * phi * x * y))
+
+
+def _check_count(passes: int, n: int) -> None:
+    if not 0 <= passes <= n:
+        raise ValueError(f"need 0 <= passes <= n, got passes={passes}, n={n}")
+
+
+def _check_k(n: int, c: int, k: int) -> None:
+    _check_count(c, n)
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+
+
+def _check_iterations(iterations: int) -> None:
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+
+
+def _alpha(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    return 1.0 - confidence
+
+
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(1.0 - _alpha(confidence) / 2)
