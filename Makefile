@@ -27,8 +27,8 @@ migrate: install
 # The example suite, the demo experiment and an admin account (password printed once).
 demo: migrate
 	$(PY) manage.py import_tasks --set examples examples/tasks
-	$(PY) manage.py import_experiment examples/experiments/demo.yaml
-	$(PY) manage.py import_experiment examples/experiments/smoke.yaml
+	$(PY) manage.py import_experiment examples/experiments/demo.yaml --root examples
+	$(PY) manage.py import_experiment examples/experiments/smoke.yaml --root examples
 	$(PY) manage.py ensure_admin
 
 # Web server and one Celery worker on the embedded default (SQLite + filesystem broker).

@@ -133,6 +133,7 @@ class Experiment(models.Model):
     )
     gates = models.JSONField(default=list, blank=True)
     source_yaml = models.TextField(blank=True)
+    yaml_path = models.CharField(max_length=1000, blank=True, help_text="Path of the YAML inside the bundle")
     bundle = models.ForeignKey(Bundle, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
