@@ -7,6 +7,7 @@ Production sets DATABASE_URL and CELERY_BROKER_URL.
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -261,6 +262,26 @@ CELERY_TIMEZONE = TIME_ZONE
 # A task bundle (YAML plus every referenced file), uncompressed.
 TASK_BUNDLE_MAX_BYTES = env_int("TASK_BUNDLE_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
 EXAMPLES_DIR = BASE_DIR / "examples"
+# Per-trial sandboxes. Every parent must be searchable by other users (the sandbox uid).
+SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(Path(tempfile.gettempdir()) / "evalsite-sandboxes")))
+# A running trial's lease; a worker renews it every third of this. An expired lease means
+# the worker died: the reaper puts the trial back in the queue.
+TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)
+TRIAL_MAX_ATTEMPTS = env_int("TRIAL_MAX_ATTEMPTS", 3, minimum=1)
+REAPER_INTERVAL_SECONDS = env_float("REAPER_INTERVAL_SECONDS", 15.0, minimum=0.5)
+# A queued trial whose dispatch message was not picked up in this time is dispatched again
+# (the filesystem broker loses messages a killed worker had fetched).
+REDISPATCH_AFTER_SECONDS = env_int("REDISPATCH_AFTER_SECONDS", 120, minimum=1)
+TRIAL_EVENT_CAP = env_int("TRIAL_EVENT_CAP", 2000, minimum=10)
+AGENT_OUTPUT_CAP_BYTES = env_int("AGENT_OUTPUT_CAP_BYTES", 256 * 1024, minimum=1024)
+DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
+
+CELERY_BEAT_SCHEDULE = {
+    "reap-expired-leases": {
+        "task": "runs_app.tasks.reap_expired_leases",
+        "schedule": REAPER_INTERVAL_SECONDS,
+    },
+}
 
 LOGGING = {
     "version": 1,

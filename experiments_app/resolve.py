@@ -460,7 +460,7 @@ def validate_config(config: dict[str, Any], lineage: dict[str, str]) -> None:
         problems.append(f"repeats: expected an integer >= 1, got {repeats!r}{_credit('repeats', lineage)}")
     task = {key: value for key, value in config.items() if key not in RUN_ONLY_FIELDS}
     try:
-        specs.TaskSpec.model_validate(task)
+        specs.TaskSpec.model_validate(task, context={"resolved": True})
     except ValidationError as exc:
         problems += [f"{where or 'task'}: {msg}{_credit(where, lineage)}" for where, msg in _issues(exc)]
     if problems:

@@ -31,6 +31,7 @@ class Run(models.Model):
     n_failed = models.PositiveIntegerField(default=0)
     n_error = models.PositiveIntegerField(default=0)
     n_cancelled = models.PositiveIntegerField(default=0)
+    suite_results = models.JSONField(default=list, blank=True, help_text="Dataset suite thresholds")
     gates = models.JSONField(default=list, blank=True)
     gates_passed = models.BooleanField(null=True)
     started_by = models.ForeignKey(
@@ -115,6 +116,7 @@ class Trial(models.Model):
     previous_attempt = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="When an execute message was sent")
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # The resolved configuration this trial runs with, and which layer set each field.

@@ -1,11 +1,29 @@
 """Celery entry points: thin, verb-named, ids in, plain-Python runner code underneath."""
 
+import os
 import socket
 
 from celery import shared_task
+from celery.signals import worker_ready
 from django.utils import timezone
 
+from runs_app import control, runner
 from runs_app.models import Worker
+
+
+@shared_task
+def dispatch_run(run_id: int) -> None:
+    control.dispatch(run_id)
+
+
+@shared_task(bind=True)
+def execute_trial(self, trial_id: int) -> None:
+    runner.execute(trial_id, worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}")
+
+
+@shared_task
+def reap_expired_leases() -> None:
+    control.reap_expired_leases()
 
 
 @shared_task
@@ -14,3 +32,10 @@ def record_heartbeat(name: str) -> None:
     Worker.objects.update_or_create(
         name=name, defaults={"hostname": socket.gethostname(), "last_seen_at": timezone.now()}
     )
+
+
+@worker_ready.connect
+def _reap_at_start(sender, **kwargs) -> None:
+    """A worker that starts after a crash recovers the dead worker's trials without waiting for beat."""
+    reap_expired_leases.delay()
+    record_heartbeat.delay(sender.hostname)

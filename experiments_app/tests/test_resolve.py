@@ -740,11 +740,15 @@ def test_it_validates_the_merged_config_naming_the_layer_responsible():
     assert "run_limits.task_timeout: Input should be greater than or equal to 30 (set by override)" in message
 
 
-def test_it_validates_rules_that_span_layers():
-    # The experiment makes the agent `none`; the task still has a prompt: coder-eval refuses that.
+def test_it_lets_an_agentless_arm_run_a_task_that_has_a_prompt():
+    # coder-eval refuses a `none` agent with a prompt inside one task file; in an experiment the
+    # `none` arm is a baseline over prompted tasks, so the resolved config keeps the prompt.
     defaults, variants = _experiment(OVERLAY_AB)
-    with pytest.raises(ResolveError, match="initial_prompt: an agent of type none reads no prompt"):
-        resolve(trial_layers(yaml.safe_load(PLAIN_TASK), defaults, variants["baseline"]))
+
+    resolved = resolve(trial_layers(yaml.safe_load(PLAIN_TASK), defaults, variants["baseline"]))
+
+    assert resolved.config["agent"]["type"] == "none"
+    assert resolved.config["initial_prompt"]
 
 
 def test_it_rejects_bad_repeats_from_any_layer():

@@ -1,0 +1,739 @@
+"""Pydantic models of coder-eval's task and experiment YAML formats (no Django).
+
+The field names and parameters follow coder-eval (`src/coder_eval/models/*.py`,
+`coder_eval/criteria/*.py`); evalsite additions are marked "evalsite:".
+
+Conventions:
+- Every model keeps unknown keys (`extra="allow"`); the loader reports them as warnings.
+  Inside `agent` unknown keys are agent options (sdk_options, allowed_tools, ...) and
+  are not reported.
+- Paths stay as written: relative to the folder of the YAML that holds them.
+- Cross-field checks raise `SpecError`, which names the offending field, so the loader
+  can point at its line.
+
+The task-level field names live in one place: `TASK_FIELDS` (every field of a task) and
+`LAYER_FIELDS` (the fields a resolution layer may set: `TaskOverlay`, used by experiment
+`defaults`, variants and run overrides).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+import jmespath
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+AGENT_KINDS = ("none", "oracle", "command", "claude-code", "codex")
+# Agents that produce no trajectory, so criteria reading the agent's commands cannot apply.
+AGENTLESS_KINDS = ("none",)
+
+SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+KEBAB_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+# coder-eval's tag rule: kebab-case, optionally namespaced as "key:value".
+TAG_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*(:[a-z0-9]+(-[a-z0-9]+)*)?$")
+# coder-eval's dataset row id rule (row ids become folder names).
+ROW_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+ROW_VAR_RE = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
+TASK_DIR_TOKEN = "$TASK_DIR/"
+REFERENCE_DIR_TOKEN = "$REFERENCE_DIR"
+
+
+class SpecError(ValueError):
+    """A cross-field problem, with the path of each offending field (relative to the model)."""
+
+    def __init__(self, *issues: tuple[tuple[str | int, ...], str]) -> None:
+        super().__init__("; ".join(msg for _, msg in issues))
+        self.issues = list(issues)
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: unknown keys are kept (and warned about by the loader)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _has_row_var(text: str) -> bool:
+    # Dataset rows are substituted into criteria later; such values cannot be checked now.
+    return "${row." in text
+
+
+def _check_regex(pattern: str, flags: int = 0) -> str:
+    if not _has_row_var(pattern):
+        try:
+            re.compile(pattern, flags)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return pattern
+
+
+def _check_relative(path: str, what: str) -> str:
+    norm = path.replace("\\", "/")
+    if not norm or norm.startswith("/") or re.match(r"^[A-Za-z]:/", norm):
+        raise ValueError(f"{what} must be a relative path, got {path!r}")
+    if ".." in norm.split("/"):
+        raise ValueError(f"{what} must not contain '..', got {path!r}")
+    return path
+
+
+# --- agent -------------------------------------------------------------------------------
+
+
+class AgentSpec(SpecModel):
+    """Agent kind, model and options. `type` may come from another layer (experiment defaults)."""
+
+    type: str | None = None
+    model: str | None = None
+    system_prompt_file: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known_kind(cls, v: str | None) -> str | None:
+        if v is not None and v not in AGENT_KINDS:
+            raise ValueError(f"unknown agent type {v!r}; expected one of: {', '.join(AGENT_KINDS)}")
+        return v
+
+
+# --- sandbox -----------------------------------------------------------------------------
+
+
+class StarterFile(SpecModel):
+    path: str
+    content: str
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        return _check_relative(v, "starter file path")
+
+
+class TemplateDirSource(SpecModel):
+    type: Literal["template_dir"]
+    path: str = Field(description="Folder copied into the sandbox, relative to the YAML's folder")
+    mount_point: str = "."
+    include_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("mount_point")
+    @classmethod
+    def _mount_relative(cls, v: str) -> str:
+        return v if v == "." else _check_relative(v, "mount_point")
+
+
+class StarterFilesSource(SpecModel):
+    type: Literal["starter_files"]
+    files: list[StarterFile]
+
+
+class RepoSource(SpecModel):
+    type: Literal["repo"]
+    url: str
+    commit: str | None = None
+    ref: str | None = None  # evalsite: a branch or tag, when no commit is pinned
+
+
+TemplateSource = Annotated[TemplateDirSource | StarterFilesSource | RepoSource, Field(discriminator="type")]
+
+
+def check_template_sources(sources: list[Any], prefix: tuple[str | int, ...]) -> None:
+    """coder-eval: at most one repo source, and it must come first (git clone needs an empty dir)."""
+    repos = [i for i, s in enumerate(sources) if isinstance(s, RepoSource)]
+    if len(repos) > 1:
+        raise SpecError(((*prefix, repos[1], "type"), "only one repo template source is allowed"))
+    if repos and repos[0] != 0:
+        raise SpecError(((*prefix, repos[0], "type"), "a repo template source must be the first one"))
+
+
+class PythonEnv(SpecModel):
+    env_packages: list[str] = Field(default_factory=list)
+
+
+class NodeEnv(SpecModel):
+    env_packages: list[str] = Field(default_factory=list)
+
+
+class ResourceLimits(SpecModel):
+    timeout: int = Field(default=300, gt=0)
+    max_memory_mb: int | None = Field(default=None, gt=0)
+    max_cpus: float | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_disk_mb: int | None = Field(default=None, gt=0)
+
+
+class SandboxSpec(SpecModel):
+    driver: Literal["tempdir", "docker"] = "tempdir"
+    docker: dict[str, Any] = Field(default_factory=dict)
+    # null in YAML skips the per-sandbox venv (coder-eval).
+    python: PythonEnv | None = Field(default_factory=PythonEnv)
+    node: NodeEnv | None = None
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    template_sources: list[TemplateSource] | None = None
+    mock_path_dirs: list[str] | None = None
+    ignore_patterns: list[str] = Field(
+        default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
+    )
+
+    @model_validator(mode="after")
+    def _sources(self) -> SandboxSpec:
+        check_template_sources(self.template_sources or [], ("template_sources",))
+        return self
+
+
+# --- success criteria --------------------------------------------------------------------
+
+
+class BaseCriterion(SpecModel):
+    type: str
+    description: str = ""
+    # 0 = informational: left out of the score and (unless `gating` says otherwise) of pass/fail.
+    weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    pass_threshold: float = Field(default=0.9, ge=0.0, le=1.0)
+    # evalsite: None means "gating when weight > 0" (coder-eval's rule).
+    gating: bool | None = None
+    # Across-row minimums for dataset tasks, e.g. {accuracy: 0.8}.
+    suite_thresholds: dict[str, float] | None = None
+
+    # Criteria that read the agent's trajectory (meaningless without an agent).
+    requires_agent: ClassVar[bool] = False
+
+    @property
+    def is_gating(self) -> bool:
+        return self.gating if self.gating is not None else self.weight > 0
+
+    @model_validator(mode="after")
+    def _informational_has_no_suite_gate(self) -> BaseCriterion:
+        if self.weight == 0 and self.suite_thresholds is not None:
+            raise SpecError(
+                (("suite_thresholds",), "a weight 0 (informational) criterion cannot set suite_thresholds")
+            )
+        return self
+
+
+class FileExists(BaseCriterion):
+    type: Literal["file_exists"]
+    path: str
+
+
+class FileContains(BaseCriterion):
+    type: Literal["file_contains"]
+    path: str
+    includes: list[str]
+    excludes: list[str] | None = None
+
+
+class FileMatchesRegex(BaseCriterion):
+    type: Literal["file_matches_regex"]
+    path: str
+    pattern: str
+    must_match: bool = True
+    flags: int = 0
+
+    @model_validator(mode="after")
+    def _regex(self) -> FileMatchesRegex:
+        try:
+            _check_regex(self.pattern, self.flags)
+        except ValueError as exc:
+            raise SpecError((("pattern",), str(exc))) from None
+        return self
+
+
+class RegexPattern(SpecModel):
+    pattern: str
+    must_match: bool = True
+    flags: int = 0
+
+    @model_validator(mode="after")
+    def _regex(self) -> RegexPattern:
+        try:
+            _check_regex(self.pattern, self.flags)
+        except ValueError as exc:
+            raise SpecError((("pattern",), str(exc))) from None
+        return self
+
+
+class FileCheck(BaseCriterion):
+    type: Literal["file_check"]
+    path: str
+    includes: list[str] = Field(default_factory=list)
+    excludes: list[str] = Field(default_factory=list)
+    patterns: list[RegexPattern] = Field(default_factory=list)
+
+
+JSON_OPERATORS = ("equals", "not_equals", "contains", "gt", "gte", "lt", "lte", "type", "regex", "exists")
+
+
+class JsonAssertion(SpecModel):
+    expression: str = Field(description="JMESPath expression")
+    operator: Literal[JSON_OPERATORS] = "equals"  # type: ignore[valid-type]
+    expected: Any = None
+
+    @field_validator("expression")
+    @classmethod
+    def _jmespath(cls, v: str) -> str:
+        if not _has_row_var(v):
+            try:
+                jmespath.compile(v)
+            except jmespath.exceptions.JMESPathError as exc:
+                detail = " ".join(str(exc).split())  # jmespath's message spans lines with a caret
+                raise ValueError(f"invalid JMESPath expression {v!r}: {detail}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _expected_given(self) -> JsonAssertion:
+        # `expected: null` is a valid JSON value, so "given" means "the key is present".
+        if self.operator != "exists" and "expected" not in self.model_fields_set:
+            raise SpecError((("expected",), f"required when operator is {self.operator!r}"))
+        if self.operator == "regex" and isinstance(self.expected, str):
+            try:
+                _check_regex(self.expected)
+            except ValueError as exc:
+                raise SpecError((("expected",), str(exc))) from None
+        return self
+
+
+class JsonCheck(BaseCriterion):
+    type: Literal["json_check"]
+    path: str
+    json_schema: str | None = None
+    assertions: list[JsonAssertion] = Field(default_factory=list)
+
+
+class RunCommand(BaseCriterion):
+    type: Literal["run_command"]
+    command: str
+    timeout: int = Field(default=30, gt=0)
+    expected_exit_code: int = 0
+    expected_stdout: str | None = None
+    stdout_match: Literal["exact", "contains", "regex"] = "exact"
+    score_from_stdout: bool = False
+
+    @model_validator(mode="after")
+    def _stdout(self) -> RunCommand:
+        if self.score_from_stdout and self.expected_stdout is not None:
+            raise SpecError(
+                (("score_from_stdout",), "score_from_stdout and expected_stdout are mutually exclusive")
+            )
+        if self.stdout_match == "regex" and self.expected_stdout is not None:
+            try:
+                _check_regex(self.expected_stdout)
+            except ValueError as exc:
+                raise SpecError((("expected_stdout",), str(exc))) from None
+        return self
+
+
+class CommandExecuted(BaseCriterion):
+    type: Literal["command_executed"]
+    tool_name: str | None = None
+    command_pattern: str | None = None
+    exclude_pattern: str | None = None
+    min_count: int = Field(default=1, ge=0)
+    max_count: int | None = Field(default=None, ge=0)
+    require_success: bool = False
+
+    requires_agent: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _counts(self) -> CommandExecuted:
+        issues = []
+        for name in ("command_pattern", "exclude_pattern"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    _check_regex(value)
+                except ValueError as exc:
+                    issues.append(((name,), str(exc)))
+        if self.max_count is not None and self.max_count < self.min_count:
+            issues.append((("max_count",), f"must be >= min_count ({self.min_count})"))
+        if issues:
+            raise SpecError(*issues)
+        return self
+
+
+class ClassificationMatch(BaseCriterion):
+    type: Literal["classification_match"]
+    path: str
+    expected_label: str
+    allowed_labels: list[str] = Field(min_length=1)
+    case_sensitive: bool = False
+
+
+class LlmJudge(BaseCriterion):
+    type: Literal["llm_judge"]
+    # Judges rarely give 1.0 even to excellent work (coder-eval's default).
+    pass_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
+    enabled: bool = True
+    prompt: str
+    # Sandbox-relative; "$TASK_DIR/x" reads x next to the task YAML, "$REFERENCE_DIR/x" the reference.
+    files: list[str] = Field(default_factory=list)
+    include_reference: bool = True
+    include_agent_output: bool = False
+    include_tool_calls: bool = False
+    include_dialog: bool = False
+    model: str | None = None
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    max_tokens: int = Field(default=2000, gt=0)
+    max_file_chars: int = Field(default=20_000, gt=0)
+    max_dialog_chars: int = Field(default=80_000, gt=0)
+    capture_transcript: bool = True
+
+
+Criterion = Annotated[
+    FileExists
+    | FileContains
+    | FileMatchesRegex
+    | FileCheck
+    | JsonCheck
+    | RunCommand
+    | CommandExecuted
+    | ClassificationMatch
+    | LlmJudge,
+    Field(discriminator="type"),
+]
+CRITERION_TYPES = (
+    "file_exists",
+    "file_contains",
+    "file_matches_regex",
+    "file_check",
+    "json_check",
+    "run_command",
+    "command_executed",
+    "classification_match",
+    "llm_judge",
+)
+
+
+# --- limits, commands, reference, dataset --------------------------------------------------
+
+
+class RunLimits(SpecModel):
+    """Caps that end a trial (coder-eval's `run_limits`). Every field optional."""
+
+    max_turns: int | None = Field(default=None, gt=0)
+    expected_turns: int | None = Field(default=None, ge=1)
+    task_timeout: int | None = Field(default=None, ge=30)
+    turn_timeout: int | None = Field(default=None, ge=10)
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_usd: float | None = Field(default=None, gt=0.0)
+    count_cached_input: bool = False
+    count_cache_creation: bool = False
+    stop_early: bool | None = None
+    stop_early_gate_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
+class PreRunCommand(SpecModel):
+    command: str
+    timeout: int = Field(default=30, ge=1, le=300)
+    # A failing setup command makes the trial an error: the agent must not run on a broken sandbox.
+    fail_on_error: bool = True
+
+
+class PostRunCommand(SpecModel):
+    command: str
+    timeout: int = Field(default=30, ge=1, le=300)
+
+
+class ReferenceSpec(SpecModel):
+    """A folder holding a correct solution; never shown to the agent."""
+
+    directory: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):  # evalsite: `reference: ref` means `reference: {directory: ref}`
+            return {"directory": data}
+        if isinstance(data, dict) and ("code" in data or "file" in data):
+            raise ValueError(
+                "reference.code / reference.file were removed in coder-eval: a reference is a folder, "
+                "write `reference: {directory: <folder>}`"
+            )
+        return data
+
+
+class DatasetSpec(SpecModel):
+    """Fans a task out into one trial per row (inline `rows` or JSONL `paths`)."""
+
+    paths: list[str] | None = None
+    rows: list[dict[str, Any]] | None = None
+    id_field: str = "id"
+    stratify_field: str = "expected_skill"
+    sample_per_stratum: int | None = Field(default=None, ge=1)
+    sample_seed: int | None = None
+    split_field: str = "split"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if self.paths is None and self.rows is None:
+            raise SpecError(((), "set either rows (inline) or paths (JSONL files)"))
+        if self.paths is not None and self.rows is not None:
+            raise SpecError((("paths",), "set either rows or paths, not both"))
+        if self.paths is not None and not self.paths:
+            raise SpecError((("paths",), "must list at least one JSONL file"))
+        return self
+
+
+# --- prompt mutations --------------------------------------------------------------------
+
+
+class PromptPrefix(SpecModel):
+    type: Literal["prefix"]
+    content: str
+    separator: str = "\n\n"
+
+
+class PromptSuffix(SpecModel):
+    type: Literal["suffix"]
+    content: str
+    separator: str = "\n\n"
+
+
+class PromptReplace(SpecModel):
+    type: Literal["replace"]
+    pattern: str
+    replacement: str
+    regex: bool = False
+
+    @model_validator(mode="after")
+    def _regex(self) -> PromptReplace:
+        if self.regex:
+            try:
+                _check_regex(self.pattern)
+            except ValueError as exc:
+                raise SpecError((("pattern",), str(exc))) from None
+        return self
+
+
+class PromptTemplate(SpecModel):
+    type: Literal["template"]
+    variables: dict[str, str]
+
+
+PromptMutation = Annotated[
+    PromptPrefix | PromptSuffix | PromptReplace | PromptTemplate, Field(discriminator="type")
+]
+
+
+def _kebab_tags(tags: list[str]) -> list[str]:
+    for tag in tags:
+        if not TAG_RE.match(tag):
+            raise ValueError(
+                f"tag {tag!r} must be lowercase kebab-case, optionally 'key:value' "
+                "(e.g. 'smoke', 'lang:python')"
+            )
+    return tags
+
+
+def _slug(value: str, what: str) -> str:
+    if not SLUG_RE.match(value) or len(value) > 200:
+        raise ValueError(f"{what} {value!r} must be a slug: letters, digits, '-' and '_' (at most 200)")
+    return value
+
+
+# --- task --------------------------------------------------------------------------------
+
+
+class TaskSpec(SpecModel):
+    """One coder-eval task."""
+
+    task_id: str
+    description: str = ""
+    initial_prompt: str | None = None
+    initial_prompt_file: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    skip: bool = False
+    agent: AgentSpec | None = None
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    success_criteria: list[Criterion]
+    run_limits: RunLimits | None = None
+    pre_run: list[PreRunCommand] = Field(default_factory=list)
+    post_run: list[PostRunCommand] = Field(default_factory=list)
+    reference: ReferenceSpec | None = None
+    dataset: DatasetSpec | None = None
+    simulation: dict[str, Any] | None = None
+    expected_commands: int | None = Field(default=None, ge=1)
+
+    @field_validator("task_id")
+    @classmethod
+    def _task_id(cls, v: str) -> str:
+        return _slug(v, "task_id")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        return _kebab_tags(v)
+
+    @field_validator("success_criteria")
+    @classmethod
+    def _some_criteria(cls, v: list[Any]) -> list[Any]:
+        if not v:
+            raise ValueError("at least one success criterion is required")
+        return v
+
+    @property
+    def is_agentless(self) -> bool:
+        return self.agent is not None and self.agent.type in AGENTLESS_KINDS
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> TaskSpec:
+        # A resolved trial config may switch a task to an agentless kind (an A/B arm such as
+        # `none` or `oracle`): the task keeps its prompt and agent criteria, which then fail.
+        resolved = bool(info.context and info.context.get("resolved"))
+        issues = [*_prompt_issues(self, resolved), *_criteria_issues(self, resolved)]
+        if issues:
+            raise SpecError(*issues)
+        return self
+
+
+def _prompt_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[str | int, ...], str]]:
+    """coder-eval: exactly one prompt source, except for `type: none` agents and simulations."""
+    has_prompt = task.initial_prompt is not None or task.initial_prompt_file is not None
+    if task.initial_prompt is not None and task.initial_prompt_file is not None:
+        return [(("initial_prompt_file",), "set either initial_prompt or initial_prompt_file, not both")]
+    if task.is_agentless and has_prompt and not resolved:
+        field = "initial_prompt" if task.initial_prompt is not None else "initial_prompt_file"
+        return [((field,), "an agent of type none reads no prompt: remove it or pick another agent type")]
+    simulated = bool((task.simulation or {}).get("enabled"))
+    if not has_prompt and not task.is_agentless and not simulated:
+        return [
+            (
+                ("initial_prompt",),
+                "required: set initial_prompt or initial_prompt_file (only `agent: {type: none}` needs none)",
+            )
+        ]
+    return []
+
+
+def _criteria_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[str | int, ...], str]]:
+    issues: list[tuple[tuple[str | int, ...], str]] = []
+    for i, crit in enumerate(task.success_criteria):
+        if task.is_agentless and crit.requires_agent and not resolved:
+            issues.append(
+                (("success_criteria", i, "type"), f"{crit.type} needs an agent, but agent.type is none")
+            )
+        if crit.suite_thresholds and task.dataset is None:
+            issues.append((("success_criteria", i, "suite_thresholds"), "requires a dataset: block"))
+        uses_reference = any(f.startswith(REFERENCE_DIR_TOKEN) for f in getattr(crit, "files", []))
+        uses_reference |= REFERENCE_DIR_TOKEN in (getattr(crit, "command", "") or "")
+        if uses_reference and task.reference is None:
+            issues.append(
+                (("success_criteria", i), "uses $REFERENCE_DIR but the task has no reference: folder")
+            )
+    return issues
+
+
+# --- layers and experiments ----------------------------------------------------------------
+
+
+class TaskOverlay(SpecModel):
+    """A partial task config: one resolution layer (experiment defaults, a variant, run overrides).
+
+    Every field is optional. coder-eval's experiment layers may also write `template_sources`
+    and `driver` at their top level (they apply to the sandbox), `prompt_mutations` and `repeats`.
+    """
+
+    initial_prompt: str | None = None
+    initial_prompt_file: str | None = None
+    agent: AgentSpec | None = None
+    sandbox: SandboxSpec | None = None
+    success_criteria: list[Criterion] | None = None
+    run_limits: RunLimits | None = None
+    pre_run: list[PreRunCommand] | None = None
+    post_run: list[PostRunCommand] | None = None
+    reference: ReferenceSpec | None = None
+    simulation: dict[str, Any] | None = None
+    expected_commands: int | None = Field(default=None, ge=1)
+    template_sources: list[TemplateSource] | None = None
+    driver: Literal["tempdir", "docker"] | None = None
+    prompt_mutations: list[PromptMutation] | None = None
+    repeats: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _sources(self) -> TaskOverlay:
+        check_template_sources(self.template_sources or [], ("template_sources",))
+        return self
+
+
+class VariantSpec(TaskOverlay):
+    variant_id: str
+    description: str = ""
+
+    @field_validator("variant_id")
+    @classmethod
+    def _variant_id(cls, v: str) -> str:
+        return _slug(v, "variant_id")
+
+    @model_validator(mode="after")
+    def _one_prompt_change(self) -> VariantSpec:
+        given = [
+            name
+            for name in ("prompt_mutations", "initial_prompt", "initial_prompt_file")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise SpecError(((given[1],), f"set only one of {', '.join(given)} in a variant"))
+        return self
+
+
+class ExperimentSpec(SpecModel):
+    """One coder-eval experiment, plus evalsite's task selection and scheduling fields."""
+
+    experiment_id: str
+    description: str = ""
+    defaults: TaskOverlay = Field(default_factory=TaskOverlay)
+    variants: list[VariantSpec] = Field(min_length=1)
+    # evalsite: which tasks to run (task set names; tags to include / exclude).
+    task_sets: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    exclude_tags: list[str] = Field(default_factory=list)
+    max_parallel: int = Field(default=4, ge=1)
+    baseline: str | None = None  # a variant_id; the first variant when omitted
+
+    @field_validator("defaults", mode="before")
+    @classmethod
+    def _no_defaults(cls, v: Any) -> Any:
+        return {} if v is None else v  # coder-eval allows `defaults: null`
+
+    @field_validator("experiment_id")
+    @classmethod
+    def _experiment_id(cls, v: str) -> str:
+        if not KEBAB_RE.match(v):
+            raise ValueError(f"experiment_id {v!r} must be kebab-case (e.g. 'model-comparison')")
+        return v
+
+    @model_validator(mode="after")
+    def _variants(self) -> ExperimentSpec:
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        seen: dict[str, int] = {}
+        for i, variant in enumerate(self.variants):
+            if variant.variant_id in seen:
+                msg = (
+                    f"duplicate variant_id {variant.variant_id!r} (also variants[{seen[variant.variant_id]}])"
+                )
+                issues.append((("variants", i, "variant_id"), msg))
+            seen.setdefault(variant.variant_id, i)
+        if self.baseline is None:
+            self.baseline = self.variants[0].variant_id
+        elif self.baseline not in seen:
+            issues.append(
+                (("baseline",), f"no variant {self.baseline!r}; expected one of: {', '.join(seen)}")
+            )
+        if issues:
+            raise SpecError(*issues)
+        return self
+
+
+TASK_FIELDS: tuple[str, ...] = tuple(TaskSpec.model_fields)
+LAYER_FIELDS: tuple[str, ...] = tuple(TaskOverlay.model_fields)
+# Names pydantic may insert into an error location for a tagged union (not YAML keys).
+UNION_TAGS = frozenset(
+    (*CRITERION_TYPES, "template_dir", "starter_files", "repo", "prefix", "suffix", "replace", "template")
+)

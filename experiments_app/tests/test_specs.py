@@ -1,0 +1,247 @@
+import pytest
+from pydantic import ValidationError
+
+from experiments_app.specs import (
+    LAYER_FIELDS,
+    TASK_FIELDS,
+    ExperimentSpec,
+    SpecError,
+    TaskOverlay,
+    TaskSpec,
+    VariantSpec,
+)
+
+CRITERION = {"type": "file_exists", "path": "out.txt"}
+
+
+def task(**fields):
+    return TaskSpec.model_validate(
+        {"task_id": "t", "initial_prompt": "Do it.", "success_criteria": [CRITERION], **fields}
+    )
+
+
+def errors(exc: ValidationError) -> list[tuple[tuple, str]]:
+    """(location, message) pairs, with SpecError issues expanded to their own fields."""
+    found = []
+    for err in exc.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):
+            found += [((*err["loc"], *loc), msg) for loc, msg in cause.issues]
+        else:
+            found.append((err["loc"], err["msg"]))
+    return found
+
+
+def test_it_applies_coder_evals_defaults():
+    spec = task()
+
+    assert spec.sandbox.driver == "tempdir"
+    assert spec.sandbox.python is not None
+    assert spec.success_criteria[0].weight == 1.0
+    assert spec.success_criteria[0].pass_threshold == 0.9
+    assert spec.pre_run == [] and spec.run_limits is None
+
+
+def test_it_gives_llm_judges_a_lower_default_threshold():
+    spec = task(success_criteria=[{"type": "llm_judge", "prompt": "Is the README clear?"}])
+
+    assert spec.success_criteria[0].pass_threshold == 0.7
+
+
+def test_it_lets_python_null_skip_the_sandbox_venv():
+    assert task(sandbox={"python": None}).sandbox.python is None
+
+
+def test_it_derives_gating_from_weight_unless_given():
+    spec = task(
+        success_criteria=[
+            {**CRITERION, "weight": 0},
+            {**CRITERION, "weight": 2},
+            {**CRITERION, "weight": 0, "gating": True},
+            {**CRITERION, "weight": 1, "gating": False},
+        ]
+    )
+
+    assert [c.is_gating for c in spec.success_criteria] == [False, True, True, False]
+
+
+def test_it_accepts_a_reference_folder_as_a_plain_string_or_a_mapping():
+    assert task(reference="solution").reference.directory == "solution"
+    assert task(reference={"directory": "solution"}).reference.directory == "solution"
+
+
+def test_it_explains_that_inline_reference_code_was_removed():
+    with pytest.raises(ValidationError, match="reference is a folder"):
+        task(reference={"code": "print(1)"})
+
+
+def test_it_needs_no_prompt_for_an_agentless_task():
+    spec = TaskSpec.model_validate(
+        {"task_id": "t", "agent": {"type": "none"}, "success_criteria": [CRITERION]}
+    )
+
+    assert spec.is_agentless and spec.initial_prompt is None
+
+
+def test_it_rejects_a_prompt_on_an_agentless_task():
+    with pytest.raises(ValidationError) as caught:
+        task(agent={"type": "none"})
+
+    assert errors(caught.value) == [
+        (("initial_prompt",), "an agent of type none reads no prompt: remove it or pick another agent type")
+    ]
+
+
+def test_it_turns_a_simulated_dialog_into_a_prompt_source():
+    spec = TaskSpec.model_validate(
+        {
+            "task_id": "t",
+            "simulation": {"enabled": True, "persona": "p", "goal": "g"},
+            "success_criteria": [CRITERION],
+        }
+    )
+
+    assert spec.initial_prompt is None
+
+
+def test_it_reports_several_cross_field_problems_at_once():
+    with pytest.raises(ValidationError) as caught:
+        TaskSpec.model_validate(
+            {
+                "task_id": "t",
+                "agent": {"type": "none"},
+                "success_criteria": [
+                    {"type": "command_executed", "tool_name": "Bash"},
+                    {**CRITERION, "suite_thresholds": {"accuracy": 0.9}},
+                ],
+            }
+        )
+
+    assert [loc for loc, _ in errors(caught.value)] == [
+        ("success_criteria", 0, "type"),
+        ("success_criteria", 1, "suite_thresholds"),
+    ]
+
+
+def test_it_requires_a_reference_when_a_criterion_reads_it():
+    judge = {"type": "llm_judge", "prompt": "Compare.", "files": ["$REFERENCE_DIR/notes.md"]}
+
+    with pytest.raises(ValidationError, match="no reference"):
+        task(success_criteria=[judge])
+    assert task(success_criteria=[judge], reference="ref").reference.directory == "ref"
+
+
+def test_it_checks_run_command_stdout_options():
+    with pytest.raises(ValidationError, match="mutually exclusive"):
+        task(
+            success_criteria=[
+                {"type": "run_command", "command": "x", "expected_stdout": "1", "score_from_stdout": True}
+            ]
+        )
+    with pytest.raises(ValidationError, match="invalid regular expression"):
+        task(
+            success_criteria=[
+                {"type": "run_command", "command": "x", "expected_stdout": "(", "stdout_match": "regex"}
+            ]
+        )
+
+
+def test_it_leaves_patterns_with_row_placeholders_unchecked():
+    spec = task(success_criteria=[{"type": "file_matches_regex", "path": "a", "pattern": "${row.pattern}("}])
+
+    assert spec.success_criteria[0].pattern == "${row.pattern}("
+
+
+def test_it_keeps_unknown_keys_everywhere():
+    spec = task(
+        max_iterations=3, success_criteria=[{**CRITERION, "note": "x"}], run_limits={"max_turns": 3, "foo": 1}
+    )
+
+    assert spec.model_extra == {"max_iterations": 3}
+    assert spec.success_criteria[0].model_extra == {"note": "x"}
+    assert spec.run_limits.model_extra == {"foo": 1}
+
+
+def test_it_accepts_an_empty_layer_and_partial_blocks_in_a_layer():
+    assert TaskOverlay.model_validate({}).model_dump(exclude_unset=True) == {}
+    layer = TaskOverlay.model_validate({"agent": {"model": "m"}, "run_limits": {"max_usd": 5}, "repeats": 2})
+
+    assert layer.agent.type is None and layer.run_limits.max_usd == 5
+    assert layer.model_dump(exclude_unset=True) == {
+        "agent": {"model": "m"},
+        "run_limits": {"max_usd": 5.0},
+        "repeats": 2,
+    }
+
+
+def test_it_lists_the_task_and_layer_field_names_in_one_place():
+    assert set(LAYER_FIELDS) - set(TASK_FIELDS) == {
+        "template_sources",
+        "driver",
+        "prompt_mutations",
+        "repeats",
+    }
+    # Identity and fan-out belong to the task alone: no layer may change them.
+    assert set(TASK_FIELDS) - set(LAYER_FIELDS) == {"task_id", "description", "tags", "skip", "dataset"}
+
+
+def test_it_allows_only_one_prompt_change_per_variant():
+    with pytest.raises(ValidationError, match="set only one of prompt_mutations, initial_prompt_file"):
+        VariantSpec.model_validate(
+            {
+                "variant_id": "v",
+                "prompt_mutations": [{"type": "suffix", "content": "x"}],
+                "initial_prompt_file": "p.md",
+            }
+        )
+
+
+def test_it_defaults_the_baseline_to_the_first_variant():
+    spec = ExperimentSpec.model_validate(
+        {"experiment_id": "e", "variants": [{"variant_id": "a"}, {"variant_id": "b"}]}
+    )
+
+    assert (spec.baseline, spec.max_parallel, spec.task_sets) == ("a", 4, [])
+
+
+def test_it_reads_evalsites_task_selection_fields():
+    spec = ExperimentSpec.model_validate(
+        {
+            "experiment_id": "e",
+            "task_sets": ["smoke"],
+            "tags": ["python"],
+            "exclude_tags": ["slow"],
+            "max_parallel": 2,
+            "baseline": "b",
+            "variants": [{"variant_id": "a"}, {"variant_id": "b"}],
+        }
+    )
+
+    assert (spec.task_sets, spec.tags, spec.exclude_tags, spec.max_parallel, spec.baseline) == (
+        ["smoke"],
+        ["python"],
+        ["slow"],
+        2,
+        "b",
+    )
+
+
+def test_it_parses_every_prompt_mutation_type():
+    mutations = [
+        {"type": "prefix", "content": "a"},
+        {"type": "suffix", "content": "b", "separator": " "},
+        {"type": "replace", "pattern": "x+", "replacement": "y", "regex": True},
+        {"type": "template", "variables": {"lang": "python"}},
+    ]
+
+    variant = VariantSpec.model_validate({"variant_id": "v", "prompt_mutations": mutations})
+
+    assert [m.type for m in variant.prompt_mutations] == ["prefix", "suffix", "replace", "template"]
+
+
+def test_it_accepts_null_defaults_like_coder_eval():
+    spec = ExperimentSpec.model_validate(
+        {"experiment_id": "e", "defaults": None, "variants": [{"variant_id": "a"}]}
+    )
+
+    assert spec.defaults.model_dump(exclude_unset=True) == {}

@@ -1,0 +1,120 @@
+"""The ``command`` agent: any CLI, with the prompt on stdin (default) or in a file.
+
+Config keys: ``command`` (a string run with ``sh -c``, or an argv list; required), ``prompt_via``
+(``stdin`` | ``file``: writes PROMPT.md in the workspace and sets EVALSITE_PROMPT_FILE), ``env``
+(extra non-secret variables), ``secrets`` (names of worker variables to pass in), ``task_id``
+(set by the runner, exported as EVALSITE_TASK_ID).
+
+Its stdout may speak a JSON-lines protocol, one object per line; any other line is plain output:
+    {"type": "message", "text": "..."}
+    {"type": "tool_call", "name": "Bash", "input": {"command": "pytest"}, "status": "success"|"error"}
+    {"type": "usage", "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.001}   (adds up; one turn
+        per line unless it says "turns"; also cache_read_tokens, cache_creation_tokens)
+    {"type": "error", "message": "...", "category": "api_error"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    AgentEvent,
+    AgentInvocation,
+    AgentKind,
+    AgentSetupError,
+    BaseParser,
+    raise_problems,
+    require_secrets,
+)
+
+PROMPT_FILE = "PROMPT.md"
+
+
+class CommandAgent(AgentKind):
+    name = "command"
+
+    def prepare(
+        self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
+    ) -> AgentInvocation:
+        argv = _argv(config.get("command"))
+        names = list(config.get("secrets") or [])
+        raise_problems(require_secrets("command agent", names, secrets))
+        env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+        env["EVALSITE_TASK_ID"] = str(config.get("task_id", ""))
+        via = config.get("prompt_via", "stdin")
+        if via == "stdin":
+            return AgentInvocation(argv=argv, stdin=prompt.encode(), env_extra=env, secrets_needed=names)
+        if via == "file":
+            prompt_path = workspace / PROMPT_FILE
+            env["EVALSITE_PROMPT_FILE"] = str(prompt_path)
+            return AgentInvocation(
+                argv=argv,
+                stdin=b"",
+                env_extra=env,
+                secrets_needed=names,
+                files_to_write={str(prompt_path): prompt.encode()},
+            )
+        raise AgentSetupError(f"command agent: prompt_via must be 'stdin' or 'file', not {via!r}")
+
+    def parser(self, config: Mapping[str, Any] | None = None) -> CommandParser:
+        return CommandParser()
+
+
+def _argv(command: Any) -> list[str]:
+    if isinstance(command, str) and command.strip():
+        return ["sh", "-c", command]
+    if isinstance(command, list) and command and all(isinstance(part, str) for part in command):
+        return list(command)
+    raise AgentSetupError(
+        "command agent: set `command` in the variant's agent options, as a shell string "
+        "(run with sh -c) or a list of arguments"
+    )
+
+
+class CommandParser(BaseParser):
+    def _parse(self, obj: dict[str, Any]) -> list[AgentEvent] | None:
+        kind = obj.get("type")
+        if kind == "message" and isinstance(obj.get("text"), str):
+            self.final_text = obj["text"]
+            return [AgentEvent("message", {"text": obj["text"]})]
+        if kind == "tool_call" and isinstance(obj.get("name"), str):
+            return self._tool_call(obj)
+        if kind == "usage":
+            return self._usage(obj)
+        if kind == "error":
+            self.error = str(obj.get("message") or "the agent reported an error")
+            self.error_category = str(obj.get("category") or "agent_error")
+            return [AgentEvent("error", {"message": self.error, "category": self.error_category})]
+        return None
+
+    def _tool_call(self, obj: dict[str, Any]) -> list[AgentEvent]:
+        tool_input = obj.get("input") if isinstance(obj.get("input"), dict) else {}
+        call_id = str(obj.get("id") or f"call_{len(self.tool_calls)}")
+        event = self._add_tool_call(call_id, obj["name"], tool_input)
+        failed = obj.get("status") == "error" or obj.get("is_error") is True
+        self._calls_by_id[call_id]["status"] = "error" if failed else "success"
+        return [event] if event else []
+
+    def _usage(self, obj: dict[str, Any]) -> list[AgentEvent]:
+        usage = self.usage
+        usage.input_tokens += _int(obj.get("input_tokens"))
+        usage.output_tokens += _int(obj.get("output_tokens"))
+        usage.cache_read_tokens += _int(obj.get("cache_read_tokens"))
+        usage.cache_creation_tokens += _int(obj.get("cache_creation_tokens"))
+        usage.turns += _int(obj.get("turns", 1))
+        cost = obj.get("cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            usage.cost_usd = (usage.cost_usd or 0.0) + float(cost)
+        return [self._usage_event()]
+
+
+def _int(value: Any) -> int:
+    # A malformed number from a user's script must not crash the trial: count it as zero.
+    if isinstance(value, bool):
+        return 0
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,28 @@
+"""The ``none`` agent: does nothing, so a task graded after it proves it fails without work."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import AgentEvent, AgentInvocation, AgentKind, BaseParser
+
+
+class SilentParser(BaseParser):
+    """Parser for kinds that run no process: every line is plain output."""
+
+    def _parse(self, obj: dict[str, Any]) -> list[AgentEvent] | None:
+        return None
+
+
+class NoneAgent(AgentKind):
+    name = "none"
+
+    def prepare(
+        self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
+    ) -> AgentInvocation:
+        return AgentInvocation(argv=None)
+
+    def parser(self, config: Mapping[str, Any] | None = None) -> SilentParser:
+        return SilentParser()

@@ -1,0 +1,275 @@
+"""Launching a run: resolve every task × variant × replicate × dataset row into Trial rows.
+
+Used by the web, the command line and the tests. Everything is written in one transaction
+and the first dispatch is enqueued only once it commits.
+"""
+
+import hashlib
+import json
+import random
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+import evalsite
+from experiments_app.models import Experiment, TaskVersion, Variant
+from experiments_app.resolve import (
+    OverrideError,
+    ResolveError,
+    config_fingerprint,
+    parse_overrides,
+    resolve,
+    trial_layers,
+)
+from runs_app.models import Run, Trial
+
+ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
+
+
+class LaunchError(ValueError):
+    """The run cannot start; `problems` says why, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class LaunchOptions:
+    overrides: list[str] = field(default_factory=list)  # path=value strings
+    repeats: int | None = None
+    max_parallel: int | None = None
+    tags: list[str] | None = None  # replaces the experiment's include tags
+    exclude_tags: list[str] | None = None
+    include_skipped: bool = False
+    task_slugs: list[str] | None = None  # only these tasks (e.g. the files given to evalrun)
+    sample: int | None = None  # this many tasks, chosen with `seed`
+    sample_per_stratum: int | None = None  # dataset rows per stratum
+    seed: int | None = None
+    keep_artifacts: bool = False
+    agent_type: str | None = None  # -T: for every variant
+    model: str | None = None  # -m: for every variant
+
+
+def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
+    """Create a run with all its trials (queued) and dispatch it once committed."""
+    from runs_app.tasks import dispatch_run
+
+    options = options or LaunchOptions()
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
+    overrides = _override_layer(options)
+    versions = _selected_versions(experiment, options, seed)
+    variants = list(experiment.variants.order_by("position", "pk"))
+    if not variants:
+        raise LaunchError([f"experiment {experiment.slug} has no variants"])
+    if not versions:
+        raise LaunchError([f"experiment {experiment.slug} selects no tasks (check its task sets and tags)"])
+
+    trials, problems = [], []
+    for version in versions:
+        for variant in variants:
+            try:
+                trials += _trials_for(experiment, version, variant, overrides, options, seed)
+            except (ResolveError, OverrideError, ValueError) as exc:
+                problems.append(f"{version.task.slug} × {variant.slug}: {exc}")
+    if problems:
+        raise LaunchError(problems)
+
+    with transaction.atomic():
+        run = Run.objects.create(
+            experiment=experiment,
+            config=_frozen_config(experiment, variants, versions, options, seed),
+            overrides=list(options.overrides),
+            max_parallel=options.max_parallel or experiment.max_parallel,
+            sample_seed=seed,
+            keep_artifacts=options.keep_artifacts,
+            gates=list(experiment.gates),
+            started_by=user,
+        )
+        for trial in trials:
+            trial.run = run
+        Trial.objects.bulk_create(trials, batch_size=500)
+        run.fingerprint = _run_fingerprint(trials)
+        run.save(update_fields=["fingerprint"])
+        run.refresh_counts()
+        transaction.on_commit(lambda: dispatch_run.delay(run.pk))
+    return run
+
+
+def _override_layer(options: LaunchOptions) -> dict:
+    items = list(options.overrides)
+    if options.agent_type:
+        items.append(f"agent.type={options.agent_type}")
+    if options.model:
+        items.append(f"agent.model={options.model}")
+    try:
+        return parse_overrides(items)
+    except OverrideError as exc:
+        raise LaunchError([str(exc)]) from None
+
+
+def _selected_versions(experiment: Experiment, options: LaunchOptions, seed: int) -> list[TaskVersion]:
+    tasks = experiment.selected_tasks(include_skipped=options.include_skipped)
+    if options.tags is not None or options.exclude_tags is not None:
+        include = experiment.include_tags if options.tags is None else options.tags
+        exclude = experiment.exclude_tags if options.exclude_tags is None else options.exclude_tags
+        tasks = tasks.model.objects.filter(pk__in=tasks.values("pk")).with_tags(include, exclude)
+    if options.task_slugs is not None:
+        tasks = tasks.filter(slug__in=options.task_slugs)
+    versions = list(
+        TaskVersion.objects.filter(task__in=tasks, number=F("task__version"))
+        .select_related("task", "bundle")
+        .order_by("task__slug")
+    )
+    if options.sample is not None and options.sample < len(versions):
+        versions = sorted(random.Random(seed).sample(versions, options.sample), key=lambda v: v.task.slug)
+    return versions
+
+
+def _task_layer(version: TaskVersion) -> dict:
+    spec = dict(version.spec)
+    if "initial_prompt_file" in spec:
+        # The loader read the file at import; trials carry the text, not a path.
+        spec.pop("initial_prompt_file")
+        spec["initial_prompt"] = version.prompt
+    return spec
+
+
+def _trials_for(
+    experiment: Experiment,
+    version: TaskVersion,
+    variant: Variant,
+    overrides: dict,
+    options: LaunchOptions,
+    seed: int,
+) -> list[Trial]:
+    layers = trial_layers(_task_layer(version), experiment.defaults, variant.layer(), overrides)
+    resolved = resolve(layers)
+    config = resolved.config
+    repeats = options.repeats or overrides.get("repeats") or variant.effective_repeats()
+    rows = _dataset_rows(version, options, seed)
+    trials = []
+    for row_id, row in rows:
+        row_config = _substitute_row(config, row, version.task.slug, row_id) if row is not None else config
+        fingerprint = trial_fingerprint(version.bundle_id, row_config)
+        for replicate in range(repeats):
+            trials.append(
+                Trial(
+                    task_version=version,
+                    variant=variant,
+                    replicate=replicate,
+                    dataset_row_id=row_id,
+                    dataset_row=row,
+                    config=row_config,
+                    lineage=resolved.lineage,
+                    prompt=row_config.get("initial_prompt") or "",
+                    config_fingerprint=fingerprint,
+                )
+            )
+    return trials
+
+
+def _dataset_rows(version: TaskVersion, options: LaunchOptions, seed: int) -> list[tuple[str, dict | None]]:
+    """(row id, row) pairs; one (“”, None) pair for a task without a dataset."""
+    dataset = version.spec.get("dataset")
+    if not dataset:
+        return [("", None)]
+    id_field = dataset.get("id_field", "id")
+    rows = list(version.dataset_rows)
+    per_stratum = options.sample_per_stratum or dataset.get("sample_per_stratum")
+    if per_stratum:
+        stratify_field = dataset.get("stratify_field", "expected_skill")
+        row_seed = dataset.get("sample_seed", seed)
+        strata: dict[Any, list[dict]] = defaultdict(list)
+        for row in rows:
+            strata[row.get(stratify_field)].append(row)
+        rng = random.Random(row_seed)
+        rows = []
+        for key in sorted(strata, key=str):
+            members = strata[key]
+            rows += members if len(members) <= per_stratum else rng.sample(members, per_stratum)
+    return [(str(row[id_field]), row) for row in rows]
+
+
+def _substitute_row(config: dict, row: dict, task_slug: str, row_id: str) -> dict:
+    """Replace `${row.field}` in the prompt and the criteria (and their commands)."""
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return ROW_PLACEHOLDER.sub(lambda m: _row_value(row, m.group(1), task_slug, row_id), value)
+        if isinstance(value, list):
+            return [fill(item) for item in value]
+        if isinstance(value, dict):
+            return {key: fill(item) for key, item in value.items()}
+        return value
+
+    config = dict(config)
+    for key in ("initial_prompt", "success_criteria", "pre_run", "post_run"):
+        if key in config:
+            config[key] = fill(config[key])
+    return config
+
+
+def _row_value(row: dict, name: str, task_slug: str, row_id: str) -> str:
+    if name not in row:
+        raise ValueError(
+            f"dataset row {row_id!r} of task {task_slug} has no field {name!r} (used as ${{row.{name}}})"
+        )
+    value = row[name]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def trial_fingerprint(bundle_digest: str, config: dict) -> str:
+    """sha256 over the task bundle, the resolved config, its criteria and the evalsite version."""
+    payload = {
+        "bundle": bundle_digest,
+        "config": config_fingerprint(config),
+        "criteria": config_fingerprint({"criteria": config.get("success_criteria", [])}),
+        "evalsite": evalsite.__version__,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _run_fingerprint(trials: list[Trial]) -> str:
+    digest = hashlib.sha256()
+    for fingerprint in sorted({t.config_fingerprint for t in trials}):
+        digest.update(fingerprint.encode())
+    return digest.hexdigest()
+
+
+def _frozen_config(experiment, variants, versions, options: LaunchOptions, seed: int) -> dict:
+    return {
+        "experiment": {
+            "slug": experiment.slug,
+            "defaults": experiment.defaults,
+            "repeats": experiment.repeats,
+            "include_tags": options.tags if options.tags is not None else experiment.include_tags,
+            "exclude_tags": options.exclude_tags
+            if options.exclude_tags is not None
+            else experiment.exclude_tags,
+            "bundle": experiment.bundle_id,
+            "yaml_path": experiment.yaml_path,
+        },
+        "baseline": experiment.baseline.slug if experiment.baseline else variants[0].slug,
+        "variants": [
+            {"slug": v.slug, "layer": v.layer(), "repeats": v.effective_repeats()} for v in variants
+        ],
+        "tasks": {v.task.slug: {"version": v.number, "digest": v.bundle_id} for v in versions},
+        "overrides": list(options.overrides),
+        "options": {
+            "repeats": options.repeats,
+            "sample": options.sample,
+            "sample_per_stratum": options.sample_per_stratum,
+            "include_skipped": options.include_skipped,
+            "agent_type": options.agent_type,
+            "model": options.model,
+        },
+        "seed": seed,
+        "evalsite": evalsite.__version__,
+        "launched_at": timezone.now().isoformat(),
+    }
