@@ -6,6 +6,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/", include("runs_app.api_urls")),
+    path("", include("runs_app.compare_urls")),
     path("", include("runs_app.urls")),
     path("", include("experiments_app.urls")),
 ]

@@ -32,7 +32,8 @@ class Run(models.Model):
     n_error = models.PositiveIntegerField(default=0)
     n_cancelled = models.PositiveIntegerField(default=0)
     suite_results = models.JSONField(default=list, blank=True, help_text="Dataset suite thresholds")
-    gates = models.JSONField(default=list, blank=True)
+    gates = models.JSONField(default=list, blank=True, help_text="The experiment's gates, frozen")
+    gate_results = models.JSONField(default=list, blank=True, help_text="Each gate's verdict at run end")
     gates_passed = models.BooleanField(null=True)
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
@@ -233,6 +234,24 @@ class TrialEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.seq}"
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only its sha256 is stored; the token is shown once, at creation."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The token's first characters, to recognise it")
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
 
 
 class Worker(models.Model):
