@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint format venv install install-dev agents migrate demo worker web clean
+.PHONY: run test lint format venv install install-dev agents browser migrate demo worker web clean
 
 $(PY):
 	$(PYTHON) scripts/bootstrap_venv.py $(VENV)
@@ -21,6 +21,28 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(PY)
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# The real agent CLIs (Claude Code, Codex) from npm, into node_modules/ (skipped without npm).
+node_modules/.installed: package.json package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --no-audit --no-fund --loglevel=error && touch $@; \
+	else \
+		echo "npm not found: the claude-code and codex agents (and their tests) are unavailable"; \
+	fi
+
+agents: node_modules/.installed
+
+# Debian's chromium for the Playwright tests (installed when missing and apt-get can).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -q chromium >/dev/null 2>&1 || \
+			 (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) && \
+			echo "installed chromium"; \
+		else \
+			echo "chromium missing and cannot be installed here: browser tests will be skipped"; \
+		fi; \
+	fi
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -32,13 +54,13 @@ demo: migrate
 	$(PY) manage.py ensure_admin
 
 # Web server and one Celery worker on the embedded default (SQLite + filesystem broker).
-run: demo
+run: demo agents
 	@scripts/run_dev.sh $(HOST) $(PORT)
 
 worker: install
 	$(PY) -m celery -A evalsite worker --loglevel=INFO --concurrency=2
 
-test: install-dev
+test: install-dev agents browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,6 +1,7 @@
 """Project-wide test fixtures: named users and a real Celery worker process."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,13 +17,20 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 def pytest_configure(config):
-    """Give tests their own filesystem-broker folder, so a `make run` worker never
-    steals their messages. pytest-django has loaded settings by now, but Celery
-    reads its configuration lazily, on first use."""
+    """Give this test process its own SQLite file and filesystem-broker folder, so that a
+    `make run` worker, or another test run on the same checkout, never shares them.
+    pytest-django has loaded settings by now, but has not created the test database yet,
+    and Celery reads its configuration lazily, on first use."""
     from django.conf import settings
 
+    scratch = BASE_DIR / "var" / f"test-{os.getpid()}"
+    config._evalsite_scratch = scratch
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):
+        scratch.mkdir(parents=True, exist_ok=True)
+        database["TEST"] = {**database.get("TEST", {}), "NAME": str(scratch / "test.sqlite3")}
     if settings.CELERY_BROKER_URL == "filesystem://":
-        broker_dir = BASE_DIR / "var" / "test-broker"
+        broker_dir = scratch / "broker"
         for sub in ("in", "processed", "control"):
             (broker_dir / sub).mkdir(parents=True, exist_ok=True)
         os.environ["BROKER_DIR"] = str(broker_dir)
@@ -34,6 +42,12 @@ def pytest_configure(config):
             "processed_folder": str(broker_dir / "processed"),
             "control_folder": str(broker_dir / "control"),
         }
+
+
+def pytest_unconfigure(config):
+    scratch = getattr(config, "_evalsite_scratch", None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -86,9 +100,13 @@ def worker_environment() -> dict[str, str]:
 class WorkerProcess:
     """A `celery worker` subprocess; tests may kill it and start another."""
 
-    def __init__(self, log_dir: Path, concurrency: int = 2):
+    def __init__(
+        self, log_dir: Path, concurrency: int = 2, extra_env: dict[str, str] | None = None, beat: bool = False
+    ):
         self.log_dir = log_dir
         self.concurrency = concurrency
+        self.extra_env = extra_env or {}
+        self.beat = beat
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
 
@@ -109,9 +127,10 @@ class WorkerProcess:
                 name,
                 "--without-gossip",
                 "--without-mingle",
+                *(["-B", "-s", str(self.log_dir / f"beat-{uuid.uuid4().hex[:6]}")] if self.beat else []),
             ],
             cwd=BASE_DIR,
-            env=worker_environment(),
+            env={**worker_environment(), **self.extra_env},
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -127,6 +127,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "ninja",
     "experiments_app",
     "runs_app",
 ]
@@ -204,6 +205,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly/plotly.min.js, straight from the installed plotly package (no CDN, no copy).
+    "runs_app.plotly_static.PlotlyFinder",
+]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
@@ -271,7 +278,7 @@ TRIAL_MAX_ATTEMPTS = env_int("TRIAL_MAX_ATTEMPTS", 3, minimum=1)
 REAPER_INTERVAL_SECONDS = env_float("REAPER_INTERVAL_SECONDS", 15.0, minimum=0.5)
 # A queued trial whose dispatch message was not picked up in this time is dispatched again
 # (the filesystem broker loses messages a killed worker had fetched).
-REDISPATCH_AFTER_SECONDS = env_int("REDISPATCH_AFTER_SECONDS", 120, minimum=1)
+REDISPATCH_AFTER_SECONDS = env_int("REDISPATCH_AFTER_SECONDS", 60, minimum=1)
 TRIAL_EVENT_CAP = env_int("TRIAL_EVENT_CAP", 2000, minimum=10)
 AGENT_OUTPUT_CAP_BYTES = env_int("AGENT_OUTPUT_CAP_BYTES", 256 * 1024, minimum=1024)
 DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)

@@ -7,6 +7,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", include("runs_app.api_urls")),
+    path("account/", include("runs_app.account_urls")),
     path("", include("runs_app.compare_urls")),
     path("", include("runs_app.urls")),
     path("", include("experiments_app.urls")),

@@ -162,6 +162,7 @@ def import_experiment(path: Path, *, root: Path | None = None) -> ExperimentImpo
                 "exclude_tags": list(spec.exclude_tags),
                 "repeats": defaults.get("repeats") or 1,
                 "max_parallel": spec.max_parallel,
+                "gates": [gate.model_dump(mode="json") for gate in spec.gates],
                 "source_yaml": loaded.source_yaml,
                 "yaml_path": loaded.yaml_path_in_bundle,
                 "bundle_id": loaded.bundle.digest,

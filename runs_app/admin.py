@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from runs_app.models import CriterionResult, Run, Trial, TrialEvent, Worker
+from runs_app.models import ApiToken, CriterionResult, Run, Trial, TrialEvent, Worker
+from runs_app.tokens import revoke_token
 
 
 @admin.register(Run)
@@ -39,3 +40,23 @@ class TrialEventAdmin(admin.ModelAdmin):
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     list_display = ("name", "hostname", "last_seen_at")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("revoked_at",)
+    list_select_related = ("user",)
+    search_fields = ("name", "prefix", "user__username")
+    # Tokens are created by their owner on the account page (the raw token is shown only there).
+    readonly_fields = ("user", "prefix", "key_hash", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset) -> None:
+        for token in queryset.filter(revoked_at__isnull=True):
+            revoke_token(token)
+        self.message_user(request, "Tokens revoked.")

@@ -1,4 +1,8 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-# The HTTP API (django-ninja) mounts here.
-urlpatterns = []
+from runs_app.api import api
+
+# The HTTP API (django-ninja): schema at api/openapi.json, docs at api/docs.
+urlpatterns = [
+    path("", api.urls),
+]

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from runs_app import gates
 from runs_app.models import Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,10 @@ def _finish(run: Run) -> None:
     run.status = Run.Status.CANCELLED if run.cancel_requested else Run.Status.FINISHED
     run.finished_at = timezone.now()
     run.suite_results = evaluate_suites(run)
-    run.save(update_fields=["status", "finished_at", "suite_results"])
+    # Gates read the suites above, so they come last.
+    run.gate_results = gates.evaluate_run(run)
+    run.gates_passed = gates.all_passed(run.gate_results)
+    run.save(update_fields=["status", "finished_at", "suite_results", "gate_results", "gates_passed"])
     logger.info("run %s %s: %s passed, %s failed, %s errors", run.pk, run.status, run.n_passed,
                 run.n_failed, run.n_error)  # fmt: skip
 

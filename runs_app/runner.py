@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TASK_TIMEOUT = 600
 FLUSH_EVERY_SECONDS = 0.5
+MAX_PARSED_BYTES = 64 << 20
 COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
 
 
@@ -341,9 +342,17 @@ class TrialExecution:
         self._give_workspace_to_sandbox()
         parser = kind.parser()
         run_limits = self.config.get("run_limits") or {}
-        state: dict[str, str | None] = {"limit": None}
+        state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
 
         def on_line(line: str) -> None:
+            # A hostile agent may print gigabytes: past this much, lines are not parsed (the
+            # process still runs, bounded by its wall clock; its stored output is capped).
+            state["parsed"] += len(line)
+            if state["parsed"] > MAX_PARSED_BYTES:
+                if not state["parse_stopped"]:
+                    state["parse_stopped"] = True
+                    self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"})
+                return
             for event in parser.feed_line(line):
                 self.recorder.add(event.kind, event.data)
             if state["limit"] is None:
@@ -449,7 +458,9 @@ class TrialExecution:
     def _agent_limits(self) -> sandbox.Limits:
         run_limits = self.config.get("run_limits") or {}
         box = (self.config.get("sandbox") or {}).get("limits") or {}
-        wall = float(run_limits.get("task_timeout") or box.get("timeout") or DEFAULT_TASK_TIMEOUT)
+        wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
+        if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
+            wall = min(wall, float(box["timeout"]))
         memory = box.get("max_memory_mb")
         return sandbox.Limits(
             wall_seconds=wall,

@@ -211,7 +211,7 @@ def _pids_of_uid(uid: int) -> set[int]:
 
 
 def _tasks_of_uid(uid: int) -> int:
-    """Threads owned by `uid`: what the kernel compares with RLIMIT_NPROC."""
+    """Threads owned by `uid`, zombies included: what the kernel compares with RLIMIT_NPROC."""
     total = 0
     for pid in _all_pids():
         uids = _status_field(pid, b"Uid:")
@@ -338,6 +338,11 @@ def lease_sandbox_uid() -> int:
         else:
             raise SandboxError(f"no free sandbox uid in {uids[0]}-{uids[-1]}: widen EVALSITE_SANDBOX_UIDS")
     kill_uid_processes(uid)
+    # Killed processes stay zombies until init reaps them, and zombies count for RLIMIT_NPROC:
+    # give init a moment so the trial starts with its whole process budget.
+    deadline = time.monotonic() + 1.0
+    while _tasks_of_uid(uid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return uid
 
 
@@ -580,16 +585,14 @@ def _rlimits(limits: Limits, nproc: int | None) -> list[tuple[int, int, int]]:
     return caps
 
 
-def _nproc_limit(limits: Limits, identity: tuple[int, int] | None, exclusive: bool) -> int | None:
-    """RLIMIT_NPROC counts every thread of the *user*, not of the tree.
+def _nproc_limit(limits: Limits, identity: tuple[int, int] | None) -> int | None:
+    """RLIMIT_NPROC counts every thread of the *user*, zombies included, not of the tree.
 
-    With a uid leased to the trial that is exactly the cap. With a shared uid (a non-root worker,
-    or `nobody`) the user's current threads are added, so the cap is about this tree.
+    So the cap is set above what the uid holds already: zombies of a previous command not yet
+    reaped by init (a leased uid holds nothing else), or the other processes of a shared uid.
     """
     if limits.max_processes is None:
         return None
-    if exclusive:
-        return limits.max_processes
     uid = identity[0] if identity else os.getuid()
     return _tasks_of_uid(uid) + limits.max_processes
 
@@ -681,11 +684,10 @@ def run_process(
             raise SandboxError("use_cgroup=True but this worker cannot create a pids cgroup")
     token = secrets_module.token_hex(8)
     containment = _Containment(cgroup, identity[0] if exclusive and cgroup is None else None, token)
-    cgroup_fd = cgroup.open_procs() if cgroup is not None else None
+    cgroup_fd = None
     try:
-        preexec = _make_preexec(
-            identity, _rlimits(limits, _nproc_limit(limits, identity, exclusive)), cgroup_fd
-        )
+        cgroup_fd = cgroup.open_procs() if cgroup is not None else None
+        preexec = _make_preexec(identity, _rlimits(limits, _nproc_limit(limits, identity)), cgroup_fd)
         started = time.monotonic()
         proc = subprocess.Popen(
             args,

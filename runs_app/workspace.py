@@ -163,15 +163,17 @@ def materialize(
     *,
     ignore_patterns: Iterable[str] = (),
     git_timeout: float = 120.0,
+    first_index: int = 0,
 ) -> None:
     """Apply `template_sources` to `workspace`, in order (later sources overwrite earlier files).
 
     `template_dir` paths are relative to `bundle_dir / yaml_dir` (the task YAML's folder) and
     must stay inside `bundle_dir`; written paths must stay inside the workspace, also through
-    symlinks an earlier source created.
+    symlinks an earlier source created. `first_index` numbers the sources in error messages when
+    a caller applies them one at a time.
     """
     patterns = (*DEFAULT_IGNORE_PATTERNS, *ignore_patterns)
-    for index, source in enumerate(template_sources):
+    for index, source in enumerate(template_sources, start=first_index):
         where = f"sandbox.template_sources[{index}]"
         kind = source.get("type")
         if kind == "template_dir":
@@ -263,18 +265,21 @@ def _clone_repo(workspace: Path, source: dict, timeout: float, where: str) -> No
     if target.exists():
         raise WorkspaceError(f"{where}: {target.name}/ already exists (only one repo source is allowed)")
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # never wait for a password
-    commands = [["git", "clone", "--quiet", "--no-checkout", "--", url, str(target)]]
     commit = source.get("commit")
-    commands.append(["git", "-C", str(target), "checkout", "--quiet", "--detach", commit or "HEAD", "--"])
-    for command in commands:
+    steps = [
+        ("clone", ["git", "clone", "--quiet", *(["--no-checkout"] if commit else []), "--", url, str(target)])
+    ]
+    if commit:
+        steps.append(
+            ("checkout", ["git", "-C", str(target), "checkout", "--quiet", "--detach", str(commit), "--"])
+        )
+    for verb, command in steps:
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise WorkspaceError(
-                f"{where}: `{' '.join(command[:3])}` took over {timeout:g} s ({url})"
-            ) from None
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} took over {timeout:g} s") from None
         if done.returncode != 0:
-            raise WorkspaceError(f"{where}: `git {command[1]}` of {url} failed: {done.stderr.strip()}")
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} failed: {done.stderr.strip()}")
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

@@ -45,22 +45,26 @@ def trial(base):
 
 @pytest.fixture(params=["cgroup", "uid", "tree"])
 def mode(request, trial, base):
-    """(cwd, run_process keyword arguments) for one containment mode."""
+    """(cwd, run_process keyword arguments, mode name) for one containment mode."""
     if request.param == "cgroup":
         if sandbox._cgroup_base() is None:
             pytest.skip("this host offers no writable pids cgroup")
-        return trial.workspace, {"use_cgroup": True}
-    if request.param == "uid" or not IS_ROOT:
-        return trial.workspace, {"use_cgroup": False}
-    shared = base / "shared"  # a non-leased uid: only the session/environment search applies
+        return trial.workspace, {"use_cgroup": True}, "cgroup"
+    if request.param == "uid":
+        if not IS_ROOT:
+            pytest.skip("only a root worker runs commands as a leased uid")
+        return trial.workspace, {"use_cgroup": False}, "uid"
+    if not IS_ROOT:
+        return trial.workspace, {"use_cgroup": False}, "tree"
+    shared = base / "shared"  # a uid not leased to the trial: only the session/environment search
     shared.mkdir(mode=0o700)
     os.chown(shared, NOBODY, NOBODY)
-    return shared, {"use_cgroup": False, "user": NOBODY}
+    return shared, {"use_cgroup": False, "user": NOBODY}, "tree"
 
 
-def slack(options: dict) -> int:
+def slack(name: str) -> int:
     """RLIMIT_NPROC on a uid shared with other commands is only approximately per command."""
-    return 10 if "user" in options else 0
+    return 10 if name == "tree" else 0
 
 
 def put(folder: Path, name: str) -> str:
@@ -156,7 +160,7 @@ def _status(field: str) -> str:
 
 
 def test_it_caps_processes_with_a_bounded_spawner(mode, trial):
-    cwd, options = mode
+    cwd, options, name = mode
     script = put(cwd, "spawner.py")
 
     result = run_process(
@@ -164,7 +168,7 @@ def test_it_caps_processes_with_a_bounded_spawner(mode, trial):
     )
 
     report = json.loads(result.stdout)
-    assert 20 <= report["started"] < 40 + slack(options), report["started"]  # the spawner takes one
+    assert 20 <= report["started"] < 40 + slack(name), report["started"]  # the spawner takes one
     assert result.leftovers_killed >= report["started"]
     assert all(dead(pid) for pid in report["pids"])
     assert processes_inside(cwd) == []
@@ -172,7 +176,7 @@ def test_it_caps_processes_with_a_bounded_spawner(mode, trial):
 
 def test_it_contains_a_depth_guarded_fork_bomb(mode, trial):
     # Even with no limit at all this bomb stops at 256 shells.
-    cwd, options = mode
+    cwd, options, name = mode
     script = put(cwd, "bomb.sh")
     seen: list[int] = []
 
@@ -191,7 +195,7 @@ def test_it_contains_a_depth_guarded_fork_bomb(mode, trial):
 
     assert "fork" in result.stderr.lower()  # the shells were refused new processes
     # Zombies of refused shells hold slots too, so fewer than 30 may be alive at once.
-    assert 10 <= max(seen) <= 30 + slack(options), seen
+    assert 10 <= max(seen) <= 30 + slack(name), seen
     assert result.duration_seconds < 2 + 0.5 + 1
     assert processes_inside(cwd) == []
 
@@ -218,7 +222,8 @@ def test_it_kills_a_process_that_ignores_sigterm(trial):
 
 def test_it_keeps_writes_to_home_inside_the_sandbox(trial):
     result = run_process(
-        'echo note > "$HOME/written.txt"; mkdir -p ~/.config/tool; echo x > ~/.config/tool/rc; echo "$TMPDIR"',
+        'echo note > "$HOME/written.txt"; mkdir -p ~/.config/tool; echo x > ~/.config/tool/rc; '
+        'echo "$TMPDIR"',
         cwd=trial.workspace,
         env=env_for(trial),
         limits=quick(),
@@ -231,14 +236,14 @@ def test_it_keeps_writes_to_home_inside_the_sandbox(trial):
 
 
 def test_it_kills_children_that_daemonize(mode, trial):
-    cwd, options = mode
+    cwd, options, name = mode
     script = put(cwd, "daemonize.sh")
 
     result = run_process(["/bin/sh", script], cwd=cwd, env=env_for(trial), limits=quick(), **options)
 
     assert result.stdout == "started\n"
     escaped = read_pids(cwd / "daemon.pid")
-    if "user" not in options:
+    if name != "tree":
         # A daemon that also cleared its environment: only a cgroup or the leased uid finds it.
         escaped += read_pids(cwd / "scrubbed.pid")
     try:

@@ -1,0 +1,242 @@
+"""Time the comparison page on a run of 100,000 trials, and the run page's per-update cost.
+
+Usage: .venv/bin/python bench/compare_page.py [--tasks 1000] [--variants 10] [--repeats 10]
+       [--requests 20] [--sqlite PATH]
+
+Generates the run with bulk_create straight into a scratch database: a SQLite file in a temporary
+folder (or PATH with --sqlite, kept and reused on the next call), or DATABASE_URL when set — then
+it must be a scratch database; the script only deletes what it created before (experiment
+`bench-compare`, tasks `bench-cmp-*`). It then times `requests` GETs of the comparison page through
+Django's test Client (server time: middleware, view, template; no network) and prints median and
+p95 against the 500 ms target, then the cost of one live update of the run page.
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EXPERIMENT = "bench-compare"
+TASK_PREFIX = "bench-cmp-"
+TARGET_MS = 500
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--variants", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--sqlite", type=Path, help="keep the SQLite file here and reuse it")
+    return parser.parse_args()
+
+
+def setup_django(sqlite_path: Path) -> None:
+    if not os.environ.get("DATABASE_URL"):
+        os.environ["SQLITE_PATH"] = str(sqlite_path)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "evalsite.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def existing_run(n_trials: int):
+    from runs_app.models import Run
+
+    run = Run.objects.filter(experiment__slug=EXPERIMENT).order_by("-pk").first()
+    return run if run is not None and run.n_trials == n_trials else None
+
+
+def delete_previous() -> None:
+    from experiments_app.models import Bundle, Experiment, Task
+    from runs_app.models import Run, Trial
+
+    Trial.objects.filter(run__experiment__slug=EXPERIMENT).delete()
+    Run.objects.filter(experiment__slug=EXPERIMENT).delete()
+    Experiment.objects.filter(slug=EXPERIMENT).delete()
+    Task.objects.filter(slug__startswith=TASK_PREFIX).delete()
+    Bundle.objects.filter(digest__startswith="bench").delete()
+
+
+def generate(tasks: int, variants: int, repeats: int):
+    """One finished run: task difficulty and variant skill set each trial's pass chance."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
+    from runs_app.models import Run, Trial
+
+    rng = random.Random(7)
+    with transaction.atomic():
+        delete_previous()
+        bundles = Bundle.objects.bulk_create(
+            [Bundle(digest=f"bench{i:059d}", data=b"", size=0) for i in range(tasks)]
+        )
+        task_rows = Task.objects.bulk_create(
+            [
+                Task(
+                    slug=f"{TASK_PREFIX}{i:04d}",
+                    tags=["bench", f"bucket-{i % 10}"],
+                    source_yaml="",
+                    bundle=bundle,
+                )
+                for i, bundle in enumerate(bundles)
+            ]
+        )
+        versions = TaskVersion.objects.bulk_create(
+            [
+                TaskVersion(
+                    task=task,
+                    number=1,
+                    spec={},
+                    source_yaml="",
+                    yaml_path="task.yaml",
+                    bundle_id=task.bundle_id,
+                )
+                for task in task_rows
+            ]
+        )
+        experiment = Experiment.objects.create(slug=EXPERIMENT, repeats=repeats)
+        arms = Variant.objects.bulk_create(
+            [Variant(experiment=experiment, slug=f"v{j:02d}", position=j) for j in range(variants)]
+        )
+        run = Run.objects.create(
+            experiment=experiment,
+            status=Run.Status.FINISHED,
+            config={"baseline": arms[0].slug},
+            finished_at=timezone.now(),
+        )
+        now = timezone.now()
+        skills = [rng.uniform(-0.5, 1.0) for _ in arms]
+        trials = []
+        for version in versions:
+            difficulty = rng.gauss(0.0, 1.5)
+            for arm, skill in zip(arms, skills, strict=True):
+                fingerprint = hashlib.sha256(f"{version.pk}/{arm.pk}".encode()).hexdigest()
+                for replicate in range(repeats):
+                    trials.append(
+                        _trial(rng, run, version, arm, replicate, skill - difficulty, fingerprint, now)
+                    )
+        Trial.objects.bulk_create(trials, batch_size=2000)
+        run.refresh_counts()
+    return run
+
+
+def _trial(rng, run, version, variant, replicate, logit, fingerprint, now):
+    from runs_app.models import Trial
+
+    roll = rng.random()
+    if roll < 0.03:
+        status = Trial.Status.ERROR
+    else:
+        passed = rng.random() < 1 / (1 + 2.718281828**-logit)
+        status = Trial.Status.PASSED if passed else Trial.Status.FAILED
+    return Trial(
+        run=run,
+        task_version=version,
+        variant=variant,
+        replicate=replicate,
+        status=status,
+        config={},
+        config_fingerprint=fingerprint,
+        score=None
+        if status == Trial.Status.ERROR
+        else (1.0 if status == Trial.Status.PASSED else rng.random()),
+        finished_at=now,
+        duration_seconds=rng.lognormvariate(3, 0.5),
+        input_tokens=rng.randrange(1000, 50000),
+        output_tokens=rng.randrange(100, 5000),
+        cost_usd=rng.uniform(0.001, 0.2),
+    )
+
+
+def time_requests(url: str, count: int) -> list[float]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-compare")
+    client = Client()
+    client.force_login(user)
+    timings = []
+    for _ in range(count):
+        started = time.perf_counter()
+        response = client.get(url)
+        timings.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, f"GET {url}: {response.status_code}"
+    return timings
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def time_update(run) -> str:
+    """Per-update cost of the run page's live stream (see the report line for what was timed)."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client, RequestFactory
+
+    from runs_app import views
+
+    render_update = getattr(views, "render_run_update", None)
+    user = get_user_model().objects.get(username="bench-compare")
+    timings = []
+    if render_update is not None:
+        request = RequestFactory().get(f"/runs/{run.pk}/stream/")
+        request.user = user
+        what = "runs_app.views.render_run_update (one SSE update)"
+        for _ in range(20):
+            started = time.perf_counter()
+            render_update(request, run)
+            timings.append((time.perf_counter() - started) * 1000)
+    else:
+        client = Client(headers={"HX-Request": "true"})
+        client.force_login(user)
+        what = f"GET /runs/{run.pk}/ with HX-Request (no stream renderer in runs_app.views yet)"
+        for _ in range(20):
+            started = time.perf_counter()
+            client.get(f"/runs/{run.pk}/")
+            timings.append((time.perf_counter() - started) * 1000)
+    return f"{what}: median {statistics.median(timings):.1f} ms, p95 {p95(timings):.1f} ms"
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="evalsite-bench-") as tmp:
+        setup_django(args.sqlite or Path(tmp) / "bench.sqlite3")
+        from django.db import connection
+        from django.urls import reverse
+
+        n_trials = args.tasks * args.variants * args.repeats
+        run = existing_run(n_trials)
+        if run is None:
+            started = time.perf_counter()
+            run = generate(args.tasks, args.variants, args.repeats)
+            print(f"generated {n_trials} trials in {time.perf_counter() - started:.1f} s")
+        url = reverse("run_compare", args=[run.pk])
+        time_requests(url, 1)  # warm-up: imports, template compilation, database caches
+        timings = time_requests(url, args.requests)
+        backend = "PostgreSQL" if connection.vendor == "postgresql" else "SQLite"
+        verdict = "ok" if p95(timings) <= TARGET_MS else "OVER TARGET"
+        print(
+            f"comparison page, {n_trials} trials ({args.variants} variants x {args.tasks} tasks x "
+            f"{args.repeats} repeats, {backend}), {args.requests} requests: median "
+            f"{statistics.median(timings):.0f} ms, p95 {p95(timings):.0f} ms "
+            f"(target p95 <= {TARGET_MS} ms: {verdict})"
+        )
+        print(time_update(run))
+
+
+if __name__ == "__main__":
+    main()

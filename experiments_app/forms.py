@@ -1,0 +1,570 @@
+"""Experiment set-up in the browser.
+
+The form is a front end to the YAML format: it builds the experiment as the dict a YAML file
+would hold, validates it with the importer's `ExperimentSpec`, maps each problem back to the
+field that caused it, and stores it the way `import_experiment` does. So an experiment made
+here downloads as YAML that re-imports to the same experiment, and one imported from YAML
+edits here without losing the keys the form has no field for (those sit in the "other"
+YAML boxes).
+"""
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+from django import forms
+from django.db import transaction
+from pydantic import ValidationError
+
+from experiments_app import importing
+from experiments_app.loading import _layer_refs
+from experiments_app.models import Experiment, Task, TaskSet, Variant
+from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError
+
+Loc = tuple[str | int, ...]
+# Paths the create page owns below /experiments/, so no experiment may take these IDs.
+RESERVED_IDS = frozenset({"new"})
+# The prompt mutation a field edits when it is a plain prefix / suffix with the default separator.
+SIMPLE_MUTATIONS = {"prefix": "prompt_prefix", "suffix": "prompt_suffix"}
+DEFAULT_SEPARATOR = "\n\n"
+
+
+# --- fields ---------------------------------------------------------------------------------
+
+
+def dump_yaml(value: Any) -> str:
+    """Block-style YAML for a text box ("" for nothing)."""
+    if not value:
+        return ""
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+class YamlField(forms.CharField):
+    """A YAML (or JSON) text box holding a mapping or, with `kind=list`, a list."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "spellcheck": "false"})
+
+    def __init__(self, *args: Any, kind: type = dict, **kwargs: Any) -> None:
+        self.kind = kind
+        kwargs.setdefault("required", False)
+        super().__init__(*args, strip=False, **kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        return value if isinstance(value, str) else dump_yaml(value)
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        # Compare what the text means: an untouched empty box is no change.
+        try:
+            new = self.to_python(data)
+            old = self.to_python(initial) if isinstance(initial, str) else initial
+        except forms.ValidationError:
+            return True
+        return (old or self.kind()) != new
+
+    def to_python(self, value: Any) -> Any:
+        text = super().to_python(value)
+        if not text.strip():
+            return self.kind()
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark else ""
+            raise forms.ValidationError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        if data is None:
+            return self.kind()
+        if not isinstance(data, self.kind):
+            what = "a mapping (`key: value` lines)" if self.kind is dict else "a list (`- item` lines)"
+            raise forms.ValidationError(f"expected {what}, got a {type(data).__name__}")
+        return data
+
+
+def split_tags(text: str) -> list[str]:
+    """Tags typed as "a, b c" -> ["a", "b", "c"] (order kept, duplicates dropped)."""
+    return list(dict.fromkeys(part for part in text.replace(",", " ").split() if part))
+
+
+def agent_kind_choices() -> list[tuple[str, str]]:
+    from runs_app.agents import known_kinds  # the agent registry lives in runs_app
+
+    return [("", "(from defaults)"), *((kind, kind) for kind in known_kinds())]
+
+
+class ExperimentForm(forms.Form):
+    experiment_id = forms.CharField(
+        label="ID", max_length=200, help_text="kebab-case, e.g. model-comparison (the YAML's experiment_id)"
+    )
+    name = forms.CharField(max_length=200, required=False, help_text="Shown instead of the ID")
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    task_sets = forms.ModelMultipleChoiceField(
+        queryset=TaskSet.objects.order_by("name"),
+        to_field_name="name",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every task",
+    )
+    include_tags = forms.CharField(required=False, help_text="Any of these tags; empty: every task")
+    exclude_tags = forms.CharField(required=False, help_text="None of these tags")
+    repeats = forms.IntegerField(initial=1, help_text="Trials per task and variant")
+    max_parallel = forms.IntegerField(initial=4, label="Max parallel", help_text="Trials running at once")
+    baseline = forms.CharField(required=False, help_text="A variant ID; empty: the first variant")
+    run_limits = YamlField(
+        label="Run limits",
+        help_text="Defaults for every variant, e.g. task_timeout: 300, max_turns: 30, max_usd: 2",
+    )
+    other_defaults = YamlField(label="Other defaults", help_text="Any other task-level field (YAML)")
+    gates = YamlField(kind=list, help_text="Checks judged when a run ends, e.g. - {type: min_pass_rate, value: 0.8}")
+
+    def __init__(self, *args: Any, editing: Experiment | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing
+        if editing is not None:
+            # The ID names the experiment in URLs, runs and its YAML: duplicate to get a new one.
+            self.fields["experiment_id"].disabled = True
+
+    def clean_experiment_id(self) -> str:
+        value = self.cleaned_data["experiment_id"].strip()
+        if self.editing is None:
+            if value in RESERVED_IDS:
+                raise forms.ValidationError(f"{value!r} is reserved; pick another ID")
+            if Experiment.objects.filter(slug=value).exists():
+                raise forms.ValidationError("an experiment with this ID exists; pick another ID")
+        return value
+
+
+class VariantForm(forms.Form):
+    variant_id = forms.CharField(label="ID", max_length=200)
+    description = forms.CharField(required=False)
+    agent_type = forms.ChoiceField(label="Agent kind", required=False, choices=())
+    model = forms.CharField(required=False, max_length=200)
+    options = YamlField(label="Agent options", help_text="e.g. command: [python3, agent.py] (YAML or JSON)")
+    prompt_prefix = forms.CharField(
+        required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2}), label="Prompt prefix"
+    )
+    prompt_suffix = forms.CharField(
+        required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2}), label="Prompt suffix"
+    )
+    run_limits = YamlField(label="Run limits")
+    repeats = forms.IntegerField(required=False, help_text="Empty: the experiment's")
+    other = YamlField(label="Other settings", help_text="Any other task-level field this variant sets")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["agent_type"].choices = agent_kind_choices()
+
+
+VariantFormSet = forms.formset_factory(VariantForm, extra=0, can_delete=True)
+
+
+class TaskSelectionForm(forms.Form):
+    """The task selection part of the experiment form, for the live count of matching tasks."""
+
+    task_sets = forms.ModelMultipleChoiceField(
+        queryset=TaskSet.objects.all(), to_field_name="name", required=False
+    )
+    include_tags = forms.CharField(required=False)
+    exclude_tags = forms.CharField(required=False)
+
+
+def matching_tasks(task_sets: list[str], include: list[str], exclude: list[str]):
+    """The tasks a run would select: `Experiment.selected_tasks` without an experiment."""
+    tasks = Task.objects.active()
+    if task_sets:
+        tasks = tasks.filter(task_sets__name__in=task_sets).distinct()
+    return tasks.with_tags(include, exclude).order_by("slug")
+
+
+# --- experiment <-> form data ------------------------------------------------------------
+
+
+def experiment_initial(experiment: Experiment) -> tuple[dict, list[dict]]:
+    """Initial data of the experiment form and of one variant form per variant."""
+    defaults = dict(experiment.defaults)
+    defaults.pop("repeats", None)
+    initial = {
+        "experiment_id": experiment.slug,
+        "name": experiment.name,
+        "description": experiment.description,
+        "task_sets": list(experiment.task_sets.all()),
+        "include_tags": ", ".join(experiment.include_tags),
+        "exclude_tags": ", ".join(experiment.exclude_tags),
+        "repeats": experiment.repeats,
+        "max_parallel": experiment.max_parallel,
+        "baseline": experiment.baseline.slug if experiment.baseline else "",
+        "run_limits": defaults.pop("run_limits", {}),
+        "other_defaults": defaults,
+        "gates": experiment.gates,
+    }
+    return initial, [variant_initial(v) for v in experiment.variants.order_by("position", "pk")]
+
+
+def variant_initial(variant: Variant) -> dict:
+    agent = dict(variant.agent)
+    initial = {
+        "variant_id": variant.slug,
+        "description": variant.description,
+        "agent_type": agent.pop("type", "") or "",
+        "model": agent.pop("model", "") or "",
+        "options": agent,
+        "run_limits": variant.run_limits,
+        "repeats": variant.repeats,
+        "prompt_prefix": "",
+        "prompt_suffix": "",
+    }
+    other_mutations = []
+    for mutation in variant.prompt_mutations:
+        name = SIMPLE_MUTATIONS.get(mutation.get("type"))
+        simple = set(mutation) <= {"type", "content", "separator"}
+        if name and simple and not initial[name] and mutation.get("separator", DEFAULT_SEPARATOR) == DEFAULT_SEPARATOR:
+            initial[name] = mutation.get("content", "")
+        else:
+            other_mutations.append(mutation)
+    other = dict(variant.overrides)
+    if other_mutations:
+        other["prompt_mutations"] = other_mutations
+    initial["other"] = other
+    return initial
+
+
+@dataclass
+class VariantSource:
+    """Which form a spec variant came from, and which field each of its prompt mutations."""
+
+    form: VariantForm
+    mutation_fields: list[str] = field(default_factory=list)
+
+
+def spec_data(form: ExperimentForm, variant_forms: list[VariantForm]) -> tuple[dict, list[VariantSource]]:
+    """The experiment as the dict its YAML would hold (forms already cleaned)."""
+    data = form.cleaned_data
+    defaults = dict(data["other_defaults"])
+    if data["run_limits"]:
+        defaults["run_limits"] = data["run_limits"]
+    defaults["repeats"] = data["repeats"]
+    spec: dict[str, Any] = {
+        "experiment_id": data["experiment_id"],
+        "description": data["description"],
+        "task_sets": [task_set.name for task_set in data["task_sets"]],
+        "tags": split_tags(data["include_tags"]),
+        "exclude_tags": split_tags(data["exclude_tags"]),
+        "max_parallel": data["max_parallel"],
+        "defaults": defaults,
+        "variants": [],
+    }
+    if data["baseline"].strip():
+        spec["baseline"] = data["baseline"].strip()
+    if data["gates"]:
+        spec["gates"] = data["gates"]
+    sources = []
+    for variant_form in variant_forms:
+        variant, source = _variant_data(variant_form)
+        spec["variants"].append(variant)
+        sources.append(source)
+    return spec, sources
+
+
+def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
+    data = form.cleaned_data
+    variant = dict(data["other"])
+    variant["variant_id"] = data["variant_id"].strip()
+    if data["description"]:
+        variant["description"] = data["description"]
+    agent = dict(data["options"])
+    if data["agent_type"]:
+        agent["type"] = data["agent_type"]
+    if data["model"].strip():
+        agent["model"] = data["model"].strip()
+    if agent:
+        variant["agent"] = agent
+    if data["run_limits"]:
+        variant["run_limits"] = data["run_limits"]
+    if data["repeats"] is not None:
+        variant["repeats"] = data["repeats"]
+    source = VariantSource(form)
+    mutations = []
+    for kind, name in SIMPLE_MUTATIONS.items():
+        if data[name]:
+            mutations.append({"type": kind, "content": data[name]})
+            source.mutation_fields.append(name)
+    others = variant.pop("prompt_mutations", None)
+    if isinstance(others, list):
+        mutations += others
+        source.mutation_fields += ["other"] * len(others)
+    elif others is not None:
+        mutations = others  # not a list: let the spec say what is wrong with it
+    if mutations:
+        variant["prompt_mutations"] = mutations
+    return variant, source
+
+
+# --- validation: the importer's rules, errors on the fields -------------------------------
+
+
+def validate_spec(data: dict) -> tuple[ExperimentSpec | None, list[tuple[Loc, str]]]:
+    """The validated spec, or every problem as (location in the YAML, message)."""
+    try:
+        spec = ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        return None, _issues(exc)
+    return spec, []
+
+
+def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
+    issues: list[tuple[Loc, str]] = []
+    for err in exc.errors():
+        loc = tuple(part for part in err["loc"] if part not in UNION_TAGS)
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):
+            issues += [((*loc, *sub), msg) for sub, msg in cause.issues]
+        elif err["type"] == "missing":
+            issues.append((loc, "required field is missing"))
+        elif err["type"] == "value_error":
+            issues.append((loc, str(cause or err["msg"])))
+        else:
+            issues.append((loc, err["msg"]))
+    return issues
+
+
+def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -> list[tuple[Loc, str]]:
+    """Files and folders a layer points to must travel in the experiment's bundle, which only a
+    YAML import builds: the browser can keep the references an import brought, not add new ones."""
+    from experiments_app.bundles import read_bundle
+
+    refs = _layer_refs(spec.defaults, ("defaults",))
+    for i, variant in enumerate(spec.variants):
+        refs += _layer_refs(variant, ("variants", i))
+    if not refs:
+        return []
+    bundled: set[str] = set()
+    if experiment is not None and experiment.bundle_id:
+        bundled = set(read_bundle(bytes(experiment.bundle.data)))
+    base = experiment.yaml_path.rsplit("/", 1)[0] if experiment and "/" in experiment.yaml_path else ""
+    issues = []
+    for ref in refs:
+        path = _normalise(f"{base}/{ref.raw}" if base else ref.raw)
+        if path not in bundled and not any(name.startswith(path + "/") for name in bundled):
+            issues.append(
+                (ref.loc, f"{ref.raw!r} is not in this experiment's files; import the experiment's YAML "
+                 "with its files to use it (python manage.py import_experiment)")  # fmt: skip
+            )
+    return issues
+
+
+def _normalise(path: str) -> str:
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/".join(parts)
+
+
+def in_use_issues(experiment: Experiment | None, sources: list[VariantSource], deleted: list[VariantForm]) -> int:
+    """Variants with trials cannot be removed or renamed (their runs point at them): put the
+    error on the form that removes or renames one. Returns how many problems were found."""
+    if experiment is None:
+        return 0
+    kept = {source.form.cleaned_data["variant_id"].strip() for source in sources}
+    used = set(experiment.variants.filter(trials__isnull=False).values_list("slug", flat=True).distinct())
+    problems = 0
+    for form in [source.form for source in sources] + deleted:
+        old = form.initial.get("variant_id")
+        if old in used and old not in kept:
+            action = "deleted" if form in deleted else "renamed"
+            form.add_error(None, f"variant {old!r} has runs, so it cannot be {action}; add a new variant instead")
+            problems += 1
+    return problems
+
+
+def apply_issues(
+    issues: list[tuple[Loc, str]], form: ExperimentForm, formset: forms.BaseFormSet, sources: list[VariantSource]
+) -> None:
+    """Show each spec problem on the field it came from (the whole form when none fits)."""
+    for loc, message in issues:
+        if len(loc) >= 2 and loc[0] == "variants" and isinstance(loc[1], int) and loc[1] < len(sources):
+            variant_form, name, rest = _variant_field(sources[loc[1]], loc[2:])
+            variant_form.add_error(name, _with_path(rest, message))
+        elif loc[:1] == ("variants",):
+            formset._non_form_errors = formset.non_form_errors() + [f"variants: {message}"]
+        else:
+            name, rest = _experiment_field(loc)
+            form.add_error(name, _with_path(rest, message))
+
+
+def _with_path(rest: Loc, message: str) -> str:
+    path = ".".join(str(part) for part in rest)
+    return f"{path}: {message}" if path else message
+
+
+def _experiment_field(loc: Loc) -> tuple[str | None, Loc]:
+    top = {"experiment_id": "experiment_id", "description": "description", "task_sets": "task_sets",
+           "tags": "include_tags", "exclude_tags": "exclude_tags", "max_parallel": "max_parallel",
+           "baseline": "baseline", "gates": "gates"}  # fmt: skip
+    if loc and loc[0] in top:
+        return top[loc[0]], loc[1:]
+    if loc[:2] == ("defaults", "repeats"):
+        return "repeats", ()
+    if loc[:2] == ("defaults", "run_limits"):
+        return "run_limits", loc[2:]
+    if loc[:1] == ("defaults",):
+        return "other_defaults", loc[1:]
+    return None, loc
+
+
+def _variant_field(source: VariantSource, loc: Loc) -> tuple[VariantForm, str | None, Loc]:
+    form = source.form
+    simple = {"variant_id": "variant_id", "description": "description", "run_limits": "run_limits",
+              "repeats": "repeats"}  # fmt: skip
+    if not loc:
+        return form, None, loc
+    if loc[0] in simple:
+        return form, simple[loc[0]], loc[1:]
+    if loc[0] == "agent":
+        name = {"type": "agent_type", "model": "model"}.get(loc[1] if len(loc) > 1 else "", "options")
+        return form, name, loc[1:] if name == "options" else ()
+    if loc[0] == "prompt_mutations" and len(loc) > 1 and isinstance(loc[1], int):
+        if loc[1] < len(source.mutation_fields) and source.mutation_fields[loc[1]] != "other":
+            return form, source.mutation_fields[loc[1]], loc[2:]
+        return form, "other", loc
+    return form, "other", loc
+
+
+# --- storing, exporting, duplicating --------------------------------------------------------
+
+
+def save_experiment(
+    spec: ExperimentSpec, *, name: str, experiment: Experiment | None = None, user=None
+) -> Experiment:
+    """Store a validated spec the way `import_experiment` stores a YAML file."""
+    defaults = spec.defaults.model_dump(mode="json", exclude_unset=True)
+    fields = {
+        "name": name,
+        "description": spec.description,
+        "defaults": defaults,
+        "include_tags": list(spec.tags),
+        "exclude_tags": list(spec.exclude_tags),
+        "repeats": defaults.get("repeats") or 1,
+        "max_parallel": spec.max_parallel,
+        "gates": [gate.model_dump(mode="json") for gate in spec.gates],
+    }
+    with transaction.atomic():
+        if experiment is None:
+            experiment = Experiment.objects.create(slug=spec.experiment_id, created_by=user, **fields)
+        else:
+            for key, value in fields.items():
+                setattr(experiment, key, value)
+            experiment.save(update_fields=[*fields, "updated_at"])
+        experiment.task_sets.set(TaskSet.objects.filter(name__in=spec.task_sets))
+        # The importer's own variant storage, so both paths give the same rows.
+        loaded = SimpleNamespace(spec=spec, variant_prompts={}, source_path="the experiment form")
+        importing._store_variants(experiment, loaded)
+        experiment.source_yaml = experiment_yaml(experiment)
+        experiment.save(update_fields=["source_yaml"])
+    return experiment
+
+
+def experiment_spec_data(experiment: Experiment) -> dict:
+    """The experiment as YAML data that `import_experiment` turns back into the same experiment."""
+    data: dict[str, Any] = {"experiment_id": experiment.slug}
+    if experiment.description:
+        data["description"] = experiment.description
+    task_sets = [task_set.name for task_set in experiment.task_sets.order_by("name")]
+    if task_sets:
+        data["task_sets"] = task_sets
+    data["tags"] = list(experiment.include_tags)
+    if experiment.exclude_tags:
+        data["exclude_tags"] = list(experiment.exclude_tags)
+    data["max_parallel"] = experiment.max_parallel
+    if experiment.baseline_id:
+        data["baseline"] = experiment.baseline.slug
+    if experiment.gates:
+        data["gates"] = experiment.gates
+    data["defaults"] = {**experiment.defaults, "repeats": experiment.repeats}
+    data["variants"] = [_variant_spec_data(v) for v in experiment.variants.order_by("position", "pk")]
+    return data
+
+
+def _variant_spec_data(variant: Variant) -> dict:
+    data: dict[str, Any] = {"variant_id": variant.slug}
+    if variant.description:
+        data["description"] = variant.description
+    for key in ("agent", "run_limits", "prompt_mutations"):
+        if getattr(variant, key):
+            data[key] = getattr(variant, key)
+    if variant.repeats is not None:
+        data["repeats"] = variant.repeats
+    data.update(variant.overrides)
+    return data
+
+
+def experiment_yaml(experiment: Experiment) -> str:
+    # A comment: the YAML format has no name field (a newline would end the comment early).
+    header = f"# {' '.join(experiment.name.split())}\n" if experiment.name else ""
+    return header + yaml.safe_dump(
+        experiment_spec_data(experiment), sort_keys=False, allow_unicode=True, default_flow_style=False
+    )
+
+
+def duplicate_experiment(experiment: Experiment, user=None) -> Experiment:
+    """A copy under a free `<id>-copy[-N]` ID, with the same variants, task sets and files."""
+    slug = f"{experiment.slug}-copy"
+    taken = set(Experiment.objects.filter(slug__startswith=slug).values_list("slug", flat=True))
+    number = 2
+    while slug in taken:
+        slug = f"{experiment.slug}-copy-{number}"
+        number += 1
+    variants = list(experiment.variants.order_by("position", "pk"))
+    task_sets = list(experiment.task_sets.all())
+    baseline_slug = experiment.baseline.slug if experiment.baseline_id else None
+    with transaction.atomic():
+        copy = Experiment.objects.get(pk=experiment.pk)
+        copy.pk, copy.slug, copy.baseline, copy.created_by = None, slug, None, user
+        copy.name = f"{experiment.name} (copy)" if experiment.name else ""
+        copy.save()
+        copy.task_sets.set(task_sets)
+        for variant in variants:
+            variant.pk, variant.experiment = None, copy
+            variant.save()
+            if variant.slug == baseline_slug:
+                copy.baseline = variant
+        copy.source_yaml = experiment_yaml(copy)
+        copy.save(update_fields=["baseline", "source_yaml"])
+    return copy
+
+
+# --- launching, task sets, task lists -----------------------------------------------------------
+
+
+class LaunchForm(forms.Form):
+    """Optional one-off changes for a single run (the experiment itself stays as it is)."""
+
+    repeats = forms.IntegerField(required=False, min_value=1, help_text="Empty: the experiment's")
+    sample = forms.IntegerField(required=False, min_value=1, help_text="Run only this many tasks, drawn at random")
+    max_parallel = forms.IntegerField(required=False, min_value=1, label="Max parallel")
+    overrides = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text="One path=value per line, e.g. run_limits.task_timeout=120",
+    )
+
+    def clean_overrides(self) -> list[str]:
+        return [line.strip() for line in self.cleaned_data["overrides"].splitlines() if line.strip()]
+
+
+class TaskSetForm(forms.ModelForm):
+    class Meta:
+        model = TaskSet
+        fields = ["name", "description", "tasks"]
+        widgets = {
+            "description": forms.Textarea(attrs={"rows": 2}),
+            "tasks": forms.CheckboxSelectMultiple,
+        }
+
+
+class TaskFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="Search")
+    tag = forms.CharField(required=False, max_length=100)
+    page = forms.IntegerField(required=False, min_value=1)

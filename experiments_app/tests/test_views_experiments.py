@@ -1,0 +1,288 @@
+import pytest
+import yaml
+from django.urls import reverse
+
+from experiments_app.forms import experiment_spec_data
+from experiments_app.importing import import_experiment
+from experiments_app.models import Experiment, Variant
+from runs_app.models import Run
+from runs_app.tests.test_views_support import launched_run, smoke_experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def _variant(i: int, variant_id: str, agent_type: str = "", **fields: str) -> dict:
+    values = {"variant_id": variant_id, "agent_type": agent_type, "description": "", "model": "",
+              "options": "", "prompt_prefix": "", "prompt_suffix": "", "run_limits": "", "repeats": "",
+              "other": "", **fields}  # fmt: skip
+    return {f"variants-{i}-{key}": value for key, value in values.items()}
+
+
+def _form_data(*variants: dict, initial_forms: int = 0, **fields) -> dict:
+    data = {
+        "experiment_id": "ab-test", "name": "A/B test", "description": "oracle vs none",
+        "include_tags": "smoke", "exclude_tags": "", "repeats": "1", "max_parallel": "3",
+        "baseline": "", "run_limits": "task_timeout: 60\n", "other_defaults": "", "gates": "",
+        "variants-TOTAL_FORMS": str(len(variants)), "variants-INITIAL_FORMS": str(initial_forms),
+        "variants-MIN_NUM_FORMS": "0", "variants-MAX_NUM_FORMS": "1000",
+    }  # fmt: skip
+    for variant in variants:
+        data.update(variant)
+    data.update(fields)
+    return data
+
+
+def _two_variants(**second) -> tuple[dict, dict]:
+    return _variant(0, "reference", "oracle"), _variant(1, "no-op", "none", **second)
+
+
+def _post_data_of(response) -> dict:
+    """What the browser would send back for an unchanged edit form."""
+    data = {}
+    forms = [response.context["form"], response.context["formset"].management_form, *response.context["formset"]]
+    for form in forms:
+        for field in form:
+            value = field.value()
+            if value is None or field.field.disabled:
+                continue
+            data[field.html_name] = [str(v) for v in value] if isinstance(value, list) else str(value)
+    return data
+
+
+@pytest.mark.parametrize(
+    "url", ["experiment_list", "experiment_create", "experiment_matching_tasks"]
+)
+def test_it_sends_anonymous_visitors_to_login(client, url):
+    response = client.get(reverse(url))
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("name", ["experiment_launch", "experiment_duplicate", "experiment_edit"])
+def test_it_does_not_let_anonymous_visitors_change_anything(client, name):
+    smoke_experiment()
+
+    response = client.post(reverse(name, args=["smoke"]), {"description": "changed"})
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+    assert Experiment.objects.count() == 1 and not Run.objects.exists()
+    assert Experiment.objects.get().description != "changed"
+
+
+def test_it_lists_experiments_with_their_last_run(member_client, django_assert_max_num_queries):
+    experiment = smoke_experiment()
+    run = launched_run(experiment=experiment)
+    for slug in ("alpha", "beta", "gamma"):
+        Experiment.objects.create(slug=slug)
+    member_client.get(reverse("experiment_list"))
+
+    with django_assert_max_num_queries(4):
+        response = member_client.get(reverse("experiment_list"))
+
+    rows = {e.slug: e for e in response.context["experiments"]}
+    assert rows["smoke"].last_run_pk == run.pk
+    assert b"reference" in response.content and b"never run" in response.content
+
+
+def test_it_shows_an_experiment_with_its_tasks_variants_and_runs(member_client):
+    run = launched_run()
+
+    response = member_client.get(reverse("experiment_detail", args=["smoke"]))
+
+    assert response.status_code == 200
+    assert response.context["task_count"] == 3
+    assert b"baseline" in response.content
+    assert run.get_absolute_url().encode() in response.content
+
+
+def test_it_lets_a_member_create_an_experiment_with_two_variants(member_client, member):
+    smoke_experiment()
+    data = _form_data(*_two_variants(prompt_prefix="Be brief.", options="note: {a: 1}\n", repeats="2"))
+
+    response = member_client.post(reverse("experiment_create"), data)
+
+    assert response.status_code == 302, response.context and response.context["form"].errors
+    experiment = Experiment.objects.get(slug="ab-test")
+    assert response["Location"] == experiment.get_absolute_url()
+    assert experiment.name == "A/B test" and experiment.created_by == member
+    assert experiment.include_tags == ["smoke"]
+    assert experiment.defaults == {"run_limits": {"task_timeout": 60}, "repeats": 1}
+    assert experiment.max_parallel == 3
+    assert experiment.baseline.slug == "reference"  # the first variant when none is named
+    reference, noop = experiment.variants.order_by("position")
+    assert reference.agent == {"type": "oracle"}
+    assert noop.agent == {"note": {"a": 1}, "type": "none"}
+    assert noop.prompt_mutations == [{"type": "prefix", "content": "Be brief."}]
+    assert noop.repeats == 2
+    assert experiment.selected_tasks().count() == 3
+
+
+def test_it_ignores_blank_extra_variant_forms(member_client):
+    smoke_experiment()
+    blank = _variant(2, "", "")
+    data = _form_data(*_two_variants(), blank)
+
+    response = member_client.post(reverse("experiment_create"), data)
+
+    assert response.status_code == 302
+    assert Variant.objects.filter(experiment__slug="ab-test").count() == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "form_name", "field", "message"),
+    [
+        ({"experiment_id": "Not Kebab"}, "form", "experiment_id", "must be kebab-case"),
+        ({"experiment_id": "new"}, "form", "experiment_id", "reserved"),
+        ({"experiment_id": "smoke"}, "form", "experiment_id", "exists"),
+        ({"baseline": "nope"}, "form", "baseline", "no variant 'nope'"),
+        ({"max_parallel": "0"}, "form", "max_parallel", "greater than or equal to 1"),
+        ({"run_limits": "task_timeout: 5"}, "form", "run_limits", "task_timeout: Input should be greater"),
+        ({"run_limits": "[1, 2]"}, "form", "run_limits", "expected a mapping"),
+        ({"run_limits": "a: [1"}, "form", "run_limits", "not valid YAML"),
+        ({"variants-1-variant_id": "reference"}, 1, "variant_id", "duplicate variant_id 'reference'"),
+        ({"variants-1-variant_id": "bad id"}, 1, "variant_id", "must be a slug"),
+        ({"variants-1-run_limits": "max_usd: -1"}, 1, "run_limits", "max_usd: Input should be greater"),
+        ({"variants-1-agent_type": "robot"}, 1, "agent_type", "Select a valid choice"),
+        ({"variants-1-other": "initial_prompt: hi\nprompt_mutations: [{type: suffix, content: x}]"}, 1,
+         "other", "set only one of"),
+        ({"variants-1-options": "script: agent.py"}, 1, "options", "not in this experiment's files"),
+    ],
+)
+def test_it_shows_the_importers_errors_on_the_fields(member_client, change, form_name, field, message):
+    smoke_experiment()
+
+    response = member_client.post(reverse("experiment_create"), _form_data(*_two_variants(), **change))
+
+    assert response.status_code == 200
+    form = response.context["form"] if form_name == "form" else response.context["formset"][form_name]
+    assert any(message in error for error in form.errors.get(field, [])), form.errors
+    assert not Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_it_needs_at_least_one_variant(member_client):
+    smoke_experiment()
+
+    response = member_client.post(reverse("experiment_create"), _form_data())
+
+    assert response.status_code == 200
+    assert any("at least 1" in e for e in response.context["formset"].non_form_errors())
+
+
+def test_it_edits_an_imported_experiment_without_losing_what_the_form_does_not_show(member_client):
+    experiment = smoke_experiment()
+    Variant.objects.filter(experiment=experiment, slug="no-op").update(
+        overrides={"initial_prompt": "Do nothing."}, agent={"type": "none", "extra_flag": True}
+    )
+    before = experiment_spec_data(experiment)
+    page = member_client.get(reverse("experiment_edit", args=["smoke"]))
+    data = _post_data_of(page)
+    data["description"] = "edited in the browser"
+
+    response = member_client.post(reverse("experiment_edit", args=["smoke"]), data)
+
+    assert response.status_code == 302, response.context and response.context["formset"].errors
+    after = experiment_spec_data(Experiment.objects.get(slug="smoke"))
+    assert after["description"] == "edited in the browser"
+    assert {**after, "description": before["description"]} == before
+
+
+def test_it_refuses_to_remove_a_variant_that_has_runs(member_client):
+    launched_run()
+    page = member_client.get(reverse("experiment_edit", args=["smoke"]))
+    data = _post_data_of(page)
+    data["variants-1-DELETE"] = "on"
+
+    response = member_client.post(reverse("experiment_edit", args=["smoke"]), data)
+
+    assert response.status_code == 200
+    assert "has runs, so it cannot be deleted" in str(response.context["formset"][1].non_field_errors())
+    assert Variant.objects.filter(experiment__slug="smoke").count() == 2
+
+
+def test_it_counts_the_matching_tasks_live(member_client):
+    smoke_experiment()
+    url = reverse("experiment_matching_tasks")
+
+    smoke = member_client.get(url, {"include_tags": "smoke"}, HTTP_HX_REQUEST="true")
+    everything = member_client.get(url, {"task_sets": "examples"}, HTTP_HX_REQUEST="true")
+    unknown_set = member_client.get(url, {"task_sets": "nope"}, HTTP_HX_REQUEST="true")
+
+    assert b"<strong>3</strong> tasks match" in smoke.content
+    assert b"<html" not in smoke.content  # only the fragment
+    assert b"<strong>14</strong> tasks match" in everything.content
+    assert b"Check the task selection" in unknown_set.content
+
+
+def test_it_duplicates_an_experiment_for_editing(member_client, member):
+    original = smoke_experiment()
+
+    response = member_client.post(reverse("experiment_duplicate", args=["smoke"]))
+    member_client.post(reverse("experiment_duplicate", args=["smoke"]))
+
+    copy = Experiment.objects.get(slug="smoke-copy")
+    assert response["Location"] == reverse("experiment_edit", args=["smoke-copy"])
+    assert Experiment.objects.filter(slug="smoke-copy-2").exists()
+    assert copy.created_by == member
+    data, original_data = experiment_spec_data(copy), experiment_spec_data(original)
+    assert {**data, "experiment_id": "smoke"} == original_data
+    assert copy.baseline.experiment == copy
+
+
+def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_client, tmp_path):
+    smoke_experiment()
+    extra = {"prompt_suffix": "Run the tests.", "options": "command: [python3, -c, 'print(1)']\n",
+             "run_limits": "max_turns: 5\n", "repeats": "3", "other": "expected_commands: 2\n"}  # fmt: skip
+    gates = "- {type: min_pass_rate, value: 0.5, variant: reference}\n"
+    member_client.post(
+        reverse("experiment_create"), _form_data(*_two_variants(**extra), task_sets=["examples"], gates=gates)
+    )
+    made = Experiment.objects.get(slug="ab-test")
+    before = experiment_spec_data(made)
+
+    response = member_client.get(reverse("experiment_yaml", args=["ab-test"]))
+    made.delete()
+    path = tmp_path / "ab-test.yaml"
+    path.write_bytes(response.content)
+    imported = import_experiment(path).experiment
+
+    assert response["Content-Disposition"] == 'attachment; filename="ab-test.yaml"'
+    assert yaml.safe_load(response.content)["experiment_id"] == "ab-test"
+    assert experiment_spec_data(imported) == before
+    assert before["variants"][1]["prompt_mutations"] == [{"type": "suffix", "content": "Run the tests."}]
+    assert before["gates"][0]["variant"] == "reference"
+
+
+def test_it_launches_a_run_and_lands_on_its_page(member_client, member):
+    smoke_experiment()
+
+    response = member_client.post(reverse("experiment_launch", args=["smoke"]))
+
+    run = Run.objects.get()
+    assert response["Location"] == run.get_absolute_url()
+    assert run.n_trials == 6 and run.started_by == member
+
+
+def test_it_launches_with_one_off_changes(member_client):
+    smoke_experiment()
+
+    member_client.post(
+        reverse("experiment_launch", args=["smoke"]),
+        {"repeats": "2", "sample": "1", "overrides": "run_limits.task_timeout=120\n"},
+    )
+
+    run = Run.objects.get()
+    assert run.n_trials == 1 * 2 * 2  # one task × two variants × two repeats
+    assert run.overrides == ["run_limits.task_timeout=120"]
+
+
+def test_it_shows_why_a_launch_failed(member_client):
+    experiment = smoke_experiment()
+    experiment.include_tags = ["no-such-tag"]
+    experiment.save(update_fields=["include_tags"])
+
+    response = member_client.post(reverse("experiment_launch", args=["smoke"]), follow=True)
+
+    assert not Run.objects.exists()
+    assert b"Cannot launch: experiment smoke selects no tasks" in response.content

@@ -1,0 +1,464 @@
+"""The HTTP API (django-ninja): start runs, follow them, list their trials, cancel, retry.
+
+Authentication is a personal token only (`Authorization: Bearer <token>`, see tokens.py): no
+session, so browser cookies never authorise an API call and CSRF does not apply. A token acts
+as its user. Runs and experiments are visible to every user (a team tool); cancel and
+retry-errors are allowed to the run's starter and to staff. Every error is JSON,
+`{"detail": message, "field": name or null}`, with a 4xx status.
+
+Schema: /api/openapi.json; interactive docs: /api/docs.
+"""
+
+import csv
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.urls import reverse
+from ninja import Field, NinjaAPI, Path, Query, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import HttpBearer
+from pydantic import AfterValidator, ConfigDict, StringConstraints
+
+from experiments_app.models import Experiment
+from experiments_app.resolve import OverrideError, parse_overrides
+from experiments_app.specs import AGENT_KINDS
+from runs_app import comparison, control
+from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.models import Run, Trial
+from runs_app.tokens import verify_token
+
+# Database integers are signed 64-bit; a larger id in a URL must be a 4xx, not an overflow.
+MAX_ID = 2**63 - 1
+MAX_REPEATS = 100
+SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+TAG_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*(:[a-z0-9]+(-[a-z0-9]+)*)?$"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ApiError(Exception):
+    """A 4xx answer: `{"detail": detail, "field": field}`."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None):
+        self.status, self.detail, self.field = status, detail, field
+        super().__init__(detail)
+
+
+def _no_control_characters(value: str) -> str:
+    # NUL cannot be stored by PostgreSQL (text or jsonb); other control characters are never
+    # meaningful in an override, tag or model name.
+    if any(ord(ch) < 32 and ch not in "\t" for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+Text = Annotated[str, StringConstraints(max_length=1000), AfterValidator(_no_control_characters)]
+Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN, max_length=100)]
+ModelName = Annotated[
+    str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_control_characters)
+]
+
+
+class TokenAuth(HttpBearer):
+    """Bearer token auth; the result (request.auth) is the token's user."""
+
+    def __call__(self, request: HttpRequest) -> Any:
+        scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise AuthenticationError(message="send your API token as 'Authorization: Bearer <token>'")
+        return self.authenticate(request, raw.strip())
+
+    def authenticate(self, request: HttpRequest, token: str) -> Any:
+        found = verify_token(token)
+        if found is None:
+            raise AuthenticationError(message="invalid or revoked API token")
+        return found.user
+
+
+api = NinjaAPI(
+    title="evalsite API",
+    version="1",
+    description=__doc__,
+    urls_namespace="api",
+    auth=TokenAuth(),
+)
+
+
+def _error(request: HttpRequest, status: int, detail: str, field: str | None = None) -> HttpResponse:
+    response = api.create_response(request, {"detail": detail, "field": field}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+    return _error(request, exc.status, exc.detail, exc.field)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return _error(request, exc.status_code, str(exc))
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    problems = [(_field_name(err.get("loc", ())), str(err.get("msg", "invalid"))) for err in exc.errors]
+    detail = "; ".join(f"{field}: {msg}" if field else msg for field, msg in problems) or "invalid request"
+    return _error(request, 422, detail, problems[0][0] if problems else None)
+
+
+def _field_name(loc: tuple | list) -> str | None:
+    """`("body", "payload", "repeats")` -> "repeats"; `("query", "page")` -> "page"."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    if parts and parts[0] == "payload":  # the body as a whole: no field to name
+        parts = parts[1:]
+    return ".".join(parts) or None
+
+
+@api.exception_handler(LaunchError)
+def _launch_error(request: HttpRequest, exc: LaunchError) -> HttpResponse:
+    return _error(request, 400, "the run cannot start: " + "; ".join(exc.problems), "overrides")
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+class ErrorOut(Schema):
+    detail: str
+    field: str | None = None
+
+
+class VariantOut(Schema):
+    slug: str
+    description: str
+    agent: dict[str, Any]
+
+
+class ExperimentOut(Schema):
+    slug: str
+    name: str
+    description: str
+    baseline: str | None
+    repeats: int
+    variants: list[VariantOut]
+    url: str
+
+
+class LaunchIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    overrides: list[Text] = Field(default_factory=list, max_length=100, description='"path=value" items')
+    repeats: int | None = Field(None, ge=1, le=MAX_REPEATS)
+    max_parallel: int | None = Field(None, ge=1, le=1000)
+    tags: list[Tag] | None = Field(None, max_length=100, description="replaces the experiment's tags")
+    exclude_tags: list[Tag] | None = Field(None, max_length=100)
+    sample: int | None = Field(None, ge=1, le=100_000, description="run this many tasks, chosen with seed")
+    seed: int | None = Field(None, ge=0, le=MAX_ID)
+    agent_type: Literal[AGENT_KINDS] | None = Field(None, description="agent kind for every variant")
+    model: ModelName | None = Field(None, description="model for every variant")
+
+
+class CountsOut(Schema):
+    trials: int
+    done: int
+    queued: int
+    running: int
+    passed: int
+    failed: int
+    error: int
+    cancelled: int
+
+
+class GatesOut(Schema):
+    passed: bool | None
+    gates: list[Any]
+    results: list[Any]
+
+
+class RunOut(Schema):
+    id: int
+    experiment: str
+    status: str
+    historical: bool
+    cancel_requested: bool
+    started_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    overrides: list[Any]
+    counts: CountsOut
+    gates: GatesOut
+    summary: dict[str, Any]
+    url: str
+    trials_url: str
+
+
+class RetryOut(Schema):
+    retried: int
+    run: RunOut
+
+
+class TrialOut(Schema):
+    id: int
+    variant: str
+    task: str
+    task_version: int
+    replicate: int
+    dataset_row_id: str
+    status: str
+    attempt: int
+    score: float | None
+    duration_seconds: float | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_creation_tokens: int
+    cost_usd: float
+    turns: int
+    timed_out: bool
+    budget_exceeded: str
+    error_category: str
+    error_message: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    url: str
+
+
+class TrialPage(Schema):
+    count: int
+    page: int
+    page_size: int
+    next_page: int | None
+    items: list[TrialOut]
+
+
+class TrialQuery(Schema):
+    page: int = Field(1, ge=1, le=1_000_000)
+    page_size: int = Field(100, ge=1, le=500)
+    format: Literal["json", "csv"] = Field("json", description="csv: every trial of the run, one file")
+    status: Literal[tuple(Trial.Status.values)] | None = None
+    variant: str | None = Field(None, max_length=200, pattern=SLUG_PATTERN)
+
+
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+RunId = Path(..., ge=1, le=MAX_ID)
+
+
+# --------------------------------------------------------------------------- endpoints
+
+
+@api.get("/experiments", response={200: list[ExperimentOut], **ERRORS}, summary="List experiments")
+def list_experiments(request: HttpRequest):
+    experiments = Experiment.objects.select_related("baseline").prefetch_related("variants").order_by("slug")
+    return [_experiment_out(experiment) for experiment in experiments]
+
+
+@api.post(
+    "/experiments/{slug}/runs", response={201: RunOut, **ERRORS}, summary="Start a run of an experiment"
+)
+def start_run(
+    request: HttpRequest, payload: LaunchIn, slug: str = Path(..., max_length=200, pattern=SLUG_PATTERN)
+):
+    experiment = Experiment.objects.filter(slug=slug).first()
+    if experiment is None:
+        raise ApiError(404, f"no experiment {slug!r}", "slug")
+    options = LaunchOptions(**payload.model_dump(exclude_none=True))
+    try:
+        _check_override_repeats(options.overrides)
+        run = launch_run(experiment, user=request.auth, options=options)
+    except RecursionError:
+        # A pathologically nested override value (YAML) is bad input, not a server fault.
+        raise ApiError(400, "an override value is nested too deeply", "overrides") from None
+    return Status(201, _run_out(_get_run(run.pk)))
+
+
+@api.get(
+    "/runs/{run_id}", response={200: RunOut, **ERRORS}, summary="A run's status, counts, gates and summary"
+)
+def get_run(request: HttpRequest, run_id: int = RunId):
+    return _run_out(_get_run(run_id))
+
+
+@api.get(
+    "/runs/{run_id}/trials",
+    response={200: TrialPage, **ERRORS},
+    summary="A run's trials (current attempts), paginated; ?format=csv for a CSV file of all of them",
+    openapi_extra={"responses": {200: {"content": {"text/csv": {"schema": {"type": "string"}}}}}},
+)
+def list_trials(request: HttpRequest, query: Query[TrialQuery], run_id: int = RunId):
+    run = _get_run(run_id)
+    trials = _trials_of(run, query)
+    if query.format == "csv":
+        return _trials_csv(run, trials)
+    total = trials.count()
+    start = (query.page - 1) * query.page_size
+    items = list(trials[start : start + query.page_size])
+    more = start + query.page_size < total
+    return {
+        "count": total,
+        "page": query.page,
+        "page_size": query.page_size,
+        "next_page": query.page + 1 if more else None,
+        "items": [_trial_out(trial) for trial in items],
+    }
+
+
+@api.post("/runs/{run_id}/cancel", response={200: RunOut, **ERRORS}, summary="Cancel a run")
+def cancel(request: HttpRequest, run_id: int = RunId):
+    run = _get_run_to_control(request, run_id)
+    if run.is_final:
+        raise ApiError(409, f"run {run.pk} has already ended ({run.status})")
+    control.cancel_run(run)
+    return _run_out(_get_run(run.pk))
+
+
+@api.post(
+    "/runs/{run_id}/retry-errors", response={200: RetryOut, **ERRORS}, summary="Retry a run's errored trials"
+)
+def retry_errors(request: HttpRequest, run_id: int = RunId):
+    run = _get_run_to_control(request, run_id)
+    retried = control.retry_errors(run)
+    return {"retried": retried, "run": _run_out(_get_run(run.pk))}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_override_repeats(overrides: list[str]) -> None:
+    """The `repeats` body field is capped at MAX_REPEATS; an override must not get around it
+    (one typo would create millions of trials inside a web request)."""
+    try:
+        repeats = parse_overrides(overrides, validate=False).get("repeats")
+    except OverrideError as exc:
+        raise LaunchError([str(exc)]) from None
+    if isinstance(repeats, int) and repeats > MAX_REPEATS:
+        raise ApiError(400, f"repeats={repeats} is more than the API allows ({MAX_REPEATS})", "overrides")
+
+
+def _get_run(run_id: int) -> Run:
+    run = Run.objects.select_related("experiment", "started_by").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, f"no run {run_id}", "run_id")
+    return run
+
+
+def _get_run_to_control(request: HttpRequest, run_id: int) -> Run:
+    """The run, if the token's user may cancel or retry it: its starter, or staff."""
+    run = _get_run(run_id)
+    user = request.auth
+    if not (user.is_staff or (run.started_by_id is not None and run.started_by_id == user.pk)):
+        raise ApiError(403, "only the user who started this run, or staff, may cancel or retry it")
+    if run.historical:
+        raise ApiError(409, f"run {run.pk} was imported from coder-eval and is read-only")
+    return run
+
+
+def _experiment_out(experiment: Experiment) -> dict:
+    return {
+        "slug": experiment.slug,
+        "name": experiment.name,
+        "description": experiment.description,
+        "baseline": experiment.baseline.slug if experiment.baseline else None,
+        "repeats": experiment.repeats,
+        "variants": [
+            {"slug": v.slug, "description": v.description, "agent": v.agent}
+            for v in experiment.variants.all()
+        ],
+        "url": experiment.get_absolute_url(),
+    }
+
+
+def _run_out(run: Run) -> dict:
+    return {
+        "id": run.pk,
+        "experiment": run.experiment.slug,
+        "status": run.status,
+        "historical": run.historical,
+        "cancel_requested": run.cancel_requested,
+        # The username only: e-mail addresses and other account data stay private.
+        "started_by": run.started_by.get_username() if run.started_by else None,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "overrides": run.overrides,
+        "counts": {
+            "trials": run.n_trials,
+            "done": run.n_done,
+            **{name: getattr(run, f"n_{name}") for name in Trial.Status.values},
+        },
+        "gates": {"passed": run.gates_passed, "gates": run.gates, "results": run.gate_results},
+        "summary": run_summary(run),
+        "url": run.get_absolute_url(),
+        "trials_url": reverse("api:list_trials", args=[run.pk]),
+    }
+
+
+def run_summary(run: Run) -> dict:
+    """The comparison page's summary: per variant (arm) counts, pass rate with its 95% interval
+    (errors apart), mean score, tokens, cost; each arm against the baseline; warnings."""
+    return comparison.compare_runs([run]).to_dict()
+
+
+def _trials_of(run: Run, query: TrialQuery):
+    trials = (
+        Trial.objects.for_run(run)
+        .latest()
+        .select_related("variant", "task_version__task")
+        .order_by("variant__position", "task_version__task__slug", "dataset_row_id", "replicate", "pk")
+    )
+    if query.status:
+        trials = trials.filter(status=query.status)
+    if query.variant:
+        trials = trials.filter(variant__slug=query.variant)
+    return trials
+
+
+def _trial_out(trial: Trial) -> dict:
+    return {
+        "id": trial.pk,
+        "variant": trial.variant.slug,
+        "task": trial.task_version.task.slug,
+        "task_version": trial.task_version.number,
+        **{field: getattr(trial, field) for field in CSV_FIELDS[4:]},
+        "url": trial.get_absolute_url(),
+    }
+
+
+CSV_FIELDS = [
+    "id", "variant", "task", "task_version", "replicate", "dataset_row_id", "status", "attempt",
+    "score", "duration_seconds", "input_tokens", "output_tokens", "cache_read_tokens",
+    "cache_creation_tokens", "cost_usd", "turns", "timed_out", "budget_exceeded",
+    "error_category", "error_message", "started_at", "finished_at",
+]  # fmt: skip
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _trials_csv(run: Run, trials) -> StreamingHttpResponse:
+    writer = csv.writer(_Echo())
+
+    def rows() -> Iterator[str]:
+        yield writer.writerow(CSV_FIELDS)
+        for trial in trials.iterator(chunk_size=500):
+            out = _trial_out(trial)
+            yield writer.writerow([_csv_cell(out[field]) for field in CSV_FIELDS])
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trials.csv"'
+    return response
+
+
+def _csv_cell(value: Any) -> Any:
+    # Agent-written text opened in a spreadsheet must not run as a formula.
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@"):
+        return "'" + value
+    return "" if value is None else value

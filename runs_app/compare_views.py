@@ -1,0 +1,271 @@
+"""Comparison pages: the variants of one run, or several runs of one experiment.
+
+All state lives in the query string (baseline, tags, heat-map page, runs), so a view can be
+shared by copying its URL; `?format=csv|json&table=summary|trials` downloads the same data.
+"""
+
+import csv
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Page, Paginator
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from experiments_app.models import Experiment
+from runs_app import charts, comparison
+from runs_app.models import Run
+
+HEATMAP_PAGE = 100  # tasks per heat-map page: 1,000 cells at 10 variants
+TASK_LIST_LIMIT = 50  # improved / regressed / flaky tasks listed per variant on the page
+MAX_RUNS = 10
+DEFAULT_RUNS = 2
+
+
+class RunSelectionForm(forms.Form):
+    runs = forms.CharField(required=False, help_text="Run numbers separated by commas, e.g. 3,5")
+
+    def clean_runs(self) -> list[int]:
+        raw = self.cleaned_data["runs"].replace(" ", "")
+        try:
+            ids = [int(part) for part in raw.split(",") if part]
+        except ValueError:
+            raise forms.ValidationError("Give run numbers separated by commas, e.g. 3,5.") from None
+        ids = list(dict.fromkeys(ids))
+        if len(ids) > MAX_RUNS:
+            raise forms.ValidationError(f"Compare at most {MAX_RUNS} runs at once.")
+        return ids
+
+
+class CompareForm(forms.Form):
+    baseline = forms.ChoiceField(required=False)
+    tag = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="Tags")
+    page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    format = forms.ChoiceField(required=False, choices=[("html", "HTML"), ("csv", "CSV"), ("json", "JSON")])
+    table = forms.ChoiceField(required=False, choices=[("summary", "summary"), ("trials", "trials")])
+
+    def __init__(self, data, *, arms: Sequence[comparison.Arm], tags: Sequence[str]):
+        super().__init__(data)
+        self.fields["baseline"].choices = [(arm.key, arm.label) for arm in arms]
+        self.fields["tag"].choices = [(tag, tag) for tag in tags]
+
+
+def _get_run_for_user(request: HttpRequest, run_id: int) -> Run:
+    # Any signed-in member may read every run; login_required has already checked that.
+    return get_object_or_404(Run.objects.select_related("experiment"), pk=run_id)
+
+
+def _get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
+    return get_object_or_404(Experiment, slug=slug)
+
+
+@login_required
+@require_GET
+def run_compare(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _get_run_for_user(request, run_id)
+    return _comparison_response(request, run.experiment, [run], run_form=None)
+
+
+@login_required
+@require_GET
+def experiment_compare(request: HttpRequest, slug: str) -> HttpResponse:
+    experiment = _get_experiment_for_user(request, slug)
+    run_form = RunSelectionForm(request.GET)
+    runs = _selected_runs(experiment, run_form)
+    return _comparison_response(request, experiment, runs, run_form=run_form)
+
+
+def _selected_runs(experiment: Experiment, form: RunSelectionForm) -> list[Run]:
+    """The runs named in the form, in its order; else the experiment's latest two, oldest first."""
+    runs = Run.objects.filter(experiment=experiment).select_related("experiment")
+    ids = form.cleaned_data["runs"] if form.is_valid() else []
+    if not ids:
+        return sorted(runs.order_by("-created_at", "-pk")[:DEFAULT_RUNS], key=lambda run: run.pk)
+    found = {run.pk: run for run in runs.filter(pk__in=ids)}
+    missing = [str(pk) for pk in ids if pk not in found]
+    if missing:
+        form.add_error("runs", f"Not runs of {experiment.slug}: {', '.join(missing)}.")
+    return [found[pk] for pk in ids if pk in found]
+
+
+def _comparison_response(
+    request: HttpRequest, experiment: Experiment, runs: list[Run], run_form: RunSelectionForm | None
+) -> HttpResponse:
+    data = comparison.load(runs)
+    form = CompareForm(request.GET, arms=data.arms, tags=data.tags)
+    form.is_valid()  # an invalid field falls back to its default below; its error is shown
+    options = form.cleaned_data
+    tags = options.get("tag") or []
+    stem = _file_stem(experiment, runs)
+    if options.get("format") in ("csv", "json") and options.get("table") == "trials":
+        task_ids = [task.task_id for task in data.tasks if set(tags) & set(task.tags)] if tags else None
+        return _trials_download(comparison.trial_rows(runs, task_ids), options["format"], stem)
+    result = comparison.compare(data, baseline=options.get("baseline") or None, tags=tags)
+    if options.get("format") in ("csv", "json"):
+        return _summary_download(result, options["format"], stem)
+    heatmap = Paginator(result.rows, HEATMAP_PAGE).get_page(options.get("page"))
+    context = {
+        "experiment": experiment,
+        "runs": runs,
+        "run": runs[0] if run_form is None else None,
+        "form": form,
+        "run_form": run_form,
+        "comparison": result,
+        "confidence": round(result.confidence * 100),
+        "list_limit": TASK_LIST_LIMIT,
+        "list_cap": f":{TASK_LIST_LIMIT}",
+        "list_minus": -TASK_LIST_LIMIT,
+        "arms": [_arm_display(arm) for arm in result.arms],
+        "k_range": range(1, result.max_k + 1),
+        "heatmap": heatmap,
+        "heat_rows": _heat_rows(heatmap, result.arms),
+        "charts": _charts(result),
+        "gates": [(run, _gate_rows(run.gate_results)) for run in runs if run.gate_results],
+    }
+    if request.htmx and request.htmx.target == "heatmap":
+        return render(request, "runs/compare.html#heatmap", context)
+    return render(request, "runs/compare.html", context)
+
+
+def _file_stem(experiment: Experiment, runs: Sequence[Run]) -> str:
+    ids = "-".join(str(run.pk) for run in runs) or "none"
+    return f"{experiment.slug}-runs-{ids}" if len(runs) != 1 else f"run-{ids}"
+
+
+def _summary_download(result: comparison.Comparison, fmt: str, stem: str) -> HttpResponse:
+    if fmt == "json":
+        response = JsonResponse(result.to_dict(), json_dumps_params={"indent": 1})
+    else:
+        rows = result.summary_rows()
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        writer = csv.DictWriter(response, fieldnames=list(rows[0]) if rows else ["arm"])
+        writer.writeheader()
+        writer.writerows({key: _csv_safe(value) for key, value in row.items()} for row in rows)
+    response["Content-Disposition"] = f'attachment; filename="{stem}-summary.{fmt}"'
+    return response
+
+
+def _trials_download(rows: Iterator[dict], fmt: str, stem: str) -> StreamingHttpResponse:
+    """Streams the per-trial table: 100,000 trials never sit in memory at once."""
+    if fmt == "json":
+        content, content_type = _json_lines_array(rows), "application/json"
+    else:
+        content, content_type = _csv_lines(rows), "text/csv; charset=utf-8"
+    response = StreamingHttpResponse(content, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{stem}-trials.{fmt}"'
+    return response
+
+
+def _csv_lines(rows: Iterable[dict]) -> Iterator[str]:
+    class Echo:
+        def write(self, value: str) -> str:
+            return value
+
+    writer = csv.writer(Echo())
+    yield writer.writerow(comparison.TRIAL_COLUMNS)
+    for row in rows:
+        yield writer.writerow([_csv_safe(value) for value in row.values()])
+
+
+def _json_lines_array(rows: Iterable[dict]) -> Iterator[str]:
+    yield "["
+    for i, row in enumerate(rows):
+        yield ("," if i else "") + "\n" + json.dumps(row)
+    yield "\n]\n"
+
+
+def _csv_safe(value):
+    # A cell starting with = + - @ runs as a formula in spreadsheets; dataset row ids and gate
+    # details come from task authors. Numbers are left alone.
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def _arm_display(arm: comparison.ArmSummary) -> dict:
+    """One summary-table row, formatted (the numbers stay in `arm` for downloads)."""
+    row = {
+        "arm": arm,
+        "rate": _pct(arm.pass_rate),
+        "interval": f"{_pct(arm.low)} – {_pct(arm.high)}" if arm.low is not None else "",
+        "mean_score": f"{arm.mean_score:.3f}" if arm.mean_score is not None else "–",
+        "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
+        "cost": f"${arm.cost:,.2f}",
+        "cost_per_pass": f"${arm.cost_per_pass:,.4f}" if arm.cost_per_pass is not None else "–",
+        "at_k": [_pct(value) for value in arm.pass_at_k.values()],
+        "hat_k": [_pct(value) for value in arm.pass_hat_k.values()],
+    }
+    versus = arm.versus
+    if versus and versus.tasks:
+        row["delta"] = f"{versus.delta * 100:+.1f} pp"
+        row["delta_interval"] = f"{versus.low * 100:+.1f} to {versus.high * 100:+.1f}"
+        row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
+        row["significant"] = versus.p_holm < 0.05
+    return row
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f}%"
+
+
+def _p_value(value: float) -> str:
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _heat_rows(page: Page, arms: list[comparison.ArmSummary]) -> list[dict]:
+    """The heat-map page's cells with their text, colour class and link."""
+    run_urls = {arm.run_id: reverse("run_detail", args=[arm.run_id]) for arm in arms}
+    rows = []
+    for row in page.object_list:
+        cells = []
+        for arm, cell in zip(arms, row.cells, strict=True):
+            cells.append(_heat_cell(arm, cell, row.task.slug, run_urls[arm.run_id]))
+        rows.append({"task": row.task, "cells": cells})
+    return rows
+
+
+def _heat_cell(arm: comparison.ArmSummary, cell: comparison.Cell | None, task: str, run_url: str) -> dict:
+    if cell is None or cell.total == 0:
+        return {"text": "", "css": "none", "url": "", "title": "no trials"}
+    if cell.total == 1:
+        url = reverse("trial_detail", args=[arm.run_id, cell.first_trial_id])
+    else:
+        url = f"{run_url}?{urlencode({'task': task, 'variant': arm.variant_slug})}"
+    css = f"r{round(cell.rate * 10)}" if cell.n else "none"
+    title = f"{task} × {arm.label}: {cell.passed} passed of {cell.n} graded, {cell.errors} errors"
+    return {"text": f"{cell.passed}/{cell.n}", "errors": cell.errors, "css": css, "url": url, "title": title}
+
+
+def _charts(result: comparison.Comparison) -> list[dict]:
+    if not result.arms:
+        return []
+    return [
+        {"id": chart_id, "data_id": f"{chart_id}-data", "figure": figure}
+        for chart_id, figure in charts.figures(result).items()
+    ]
+
+
+def _gate_rows(results: list) -> list[dict]:
+    """Gate verdicts as (name, passed, detail), whatever shape the gate evaluator stored."""
+    rows = []
+    for result in results:
+        if not isinstance(result, dict):
+            rows.append({"name": str(result), "passed": None, "detail": ""})
+            continue
+        rows.append(
+            {
+                "name": _first(result, ("name", "gate", "type", "description")) or "gate",
+                "passed": result.get("passed"),
+                "detail": _first(result, ("detail", "message", "reason")),
+            }
+        )
+    return rows
+
+
+def _first(data: dict, keys: Sequence[str]) -> str:
+    return next((str(data[key]) for key in keys if data.get(key) not in (None, "")), "")

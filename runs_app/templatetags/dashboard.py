@@ -1,0 +1,98 @@
+"""Number and text formatting for the dashboard templates. Every filter returns plain text,
+so Django's auto-escaping still applies to whatever it is given (agent output included)."""
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def duration(value: float | timedelta | None) -> str:
+    """Seconds (or a timedelta) as "850 ms", "4.2 s", "3 min 05 s" or "2 h 07 min"."""
+    if value is None or value == "":
+        return "—"
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def compact(value: int | float | None) -> str:
+    """12345 -> "12.3k", 2500000 -> "2.5M"."""
+    if not value:
+        return "0"
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:g}"
+
+
+@register.filter
+def usd(value: float | None) -> str:
+    if not value:
+        return "$0"
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+
+
+@register.filter
+def percent(value: float | None, digits: int = 0) -> str:
+    """A 0-1 proportion as a percentage ("—" for none)."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.{int(digits)}f}%"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+@register.simple_tag
+def pass_rate(passed: int | None, failed: int | None) -> str:
+    """passed / (passed + failed): errors are never counted as fails."""
+    decided = (passed or 0) + (failed or 0)
+    return f"{100 * (passed or 0) / decided:.0f}%" if decided else "—"
+
+
+FILE_HEADER_PREFIXES = ("diff ", "index ", "new file", "deleted file", "similarity ", "rename ", "Binary files")
+
+
+@register.filter
+def diff_lines(diff: str | None) -> list[tuple[str, str]]:
+    """(css class, line) for each line of a unified diff: "file", "hunk", "add", "del" or "".
+
+    The lines stay plain text for the template to escape; `--- a/x` / `+++ b/x` count as file
+    headers only as a pair, so a removed line that starts with "--" is still a removal.
+    """
+    lines = (diff or "").splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if line.startswith(FILE_HEADER_PREFIXES):
+            css = "file"
+        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            css = "file"
+        elif line.startswith("+++ ") and i > 0 and rows[-1][0] == "file" and lines[i - 1].startswith("--- "):
+            css = "file"
+        elif line.startswith("@@"):
+            css = "hunk"
+        elif line.startswith("+"):
+            css = "add"
+        elif line.startswith("-"):
+            css = "del"
+        else:
+            css = ""
+        rows.append((css, line))
+    return rows

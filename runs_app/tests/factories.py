@@ -1,0 +1,37 @@
+"""Small builders for runner tests: write task / experiment YAML into a folder and import it."""
+
+import textwrap
+from pathlib import Path
+
+from django.conf import settings
+
+from experiments_app.importing import import_experiment, import_tasks
+from experiments_app.models import Experiment
+
+EXAMPLES = settings.BASE_DIR / "examples"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def import_examples() -> None:
+    import_tasks([EXAMPLES / "tasks"], task_set="examples")
+
+
+def make_experiment(folder: Path, text: str) -> Experiment:
+    """Import an experiment written inline (root: `folder`, so scripts beside it are bundled)."""
+    yaml_file = write(folder / "experiments" / "exp.yaml", text)
+    return import_experiment(yaml_file, root=folder).experiment
+
+
+def make_task(folder: Path, slug: str, text: str, files: dict[str, str] | None = None) -> None:
+    write(folder / "tasks" / slug / "task.yaml", text)
+    for name, content in (files or {}).items():
+        write(folder / "tasks" / slug / name, content)
+
+
+def import_folder_tasks(folder: Path, task_set: str | None = None) -> None:
+    import_tasks([folder / "tasks"], task_set=task_set)

@@ -1,0 +1,236 @@
+"""`manage.py evalrun` as a user runs it: a subprocess against a real worker and the test database."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import xmlschema
+from django.conf import settings
+
+from conftest import BASE_DIR, WorkerProcess, wait_for, worker_environment
+from experiments_app.models import Task
+from runs_app.models import Run, Trial
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SMOKE_TASKS = [str(settings.BASE_DIR / "examples" / "tasks" / slug) for slug in ("fix-mean", "slugify")]
+JUNIT_XSD = Path(__file__).parent / "fixtures" / "junit" / "junit.xsd"
+TIMEOUT = 90
+
+GATED_SMOKE = """
+experiment_id: gated-smoke
+baseline: reference
+variants:
+  - variant_id: reference
+    agent: {type: oracle}
+  - variant_id: no-op
+    agent: {type: none}
+gates:
+  - {type: min_pass_rate, variant: reference, value: 1.0}
+  - {type: min_pass_rate, value: 0.5, name: every variant solves half}
+"""
+
+SLOW_TASK = """
+task_id: slow-{i}
+initial_prompt: "Write out.txt"
+sandbox:
+  python: null
+  template_sources:
+    - type: starter_files
+      files:
+        - {{path: README.md, content: "task {i}"}}
+success_criteria:
+  - type: file_exists
+    path: out.txt
+"""
+
+SLOW_EXPERIMENT = """
+experiment_id: slow-suite
+variants:
+  - variant_id: sleeper
+    agent:
+      type: command
+      command: ["python3", "-c", "import time; time.sleep(1.2); open('out.txt', 'w').write('done')"]
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def slow_suite(folder: Path, tasks: int) -> tuple[Path, Path]:
+    for i in range(tasks):
+        write(folder / "tasks" / f"slow-{i}" / "task.yaml", SLOW_TASK.format(i=i))
+    return folder / "tasks", write(folder / "experiment.yaml", SLOW_EXPERIMENT)
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "manage.py", "evalrun", *map(str, args)]
+
+
+def evalrun(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(*args),
+        cwd=BASE_DIR,
+        env=worker_environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_evalrun(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        command(*args), cwd=BASE_DIR, env=worker_environment(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_it_exits_0_streams_events_live_and_writes_reports(celery_worker_process, tmp_path):
+    junit, folder = tmp_path / "junit.xml", tmp_path / "report"
+    # No TASK_FILES: the example suite, narrowed to its three smoke tasks by tag.
+    proc = start_evalrun(
+        "-T", "oracle", "-t", "smoke", "-s", "minimal", "--junit-xml", junit, "--report", folder
+    )
+    lines, alive_at_first_phase = [], None
+    deadline = time.monotonic() + TIMEOUT
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if alive_at_first_phase is None and "] phase " in line:
+            alive_at_first_phase = proc.poll() is None
+        assert time.monotonic() < deadline, "\n".join(lines)
+    output = "\n".join(lines)
+
+    assert proc.wait(timeout=10) == 0, output + celery_worker_process.log()[-3000:]
+    # Events are printed while the run goes on, not replayed at the end.
+    assert alive_at_first_phase, output
+    finished = [i for i, line in enumerate(lines) if "phase finished status=passed" in line]
+    assert len(finished) == 3
+    assert re.search(r"^\[oracle fix-mean#0\] phase setup", output, re.M)
+    summary = lines.index(next(line for line in lines if line.startswith("Run ")))
+    assert max(finished) < summary
+    run = Run.objects.get()
+    assert (run.status, run.n_passed, run.gates_passed) == (Run.Status.FINISHED, 3, None)
+    assert f"run {run.pk}: {settings.SITE_URL}/runs/{run.pk}/" in output
+    suites = ET.parse(junit).getroot().findall("testsuite")
+    assert [(s.get("name"), s.get("tests"), s.get("failures")) for s in suites] == [("oracle", "3", "0")]
+    assert json.loads((folder / "report.json").read_text())["run"]["counts"]["passed"] == 3
+    assert "| oracle (baseline) | 3 | 0 | 0 |" in (folder / "report.md").read_text()
+
+
+def test_it_exits_1_when_a_variant_fails_with_the_gates_in_junit(celery_worker_process, tmp_path):
+    experiment = write(tmp_path / "gated.yaml", GATED_SMOKE)
+    junit = tmp_path / "out" / "junit.xml"
+
+    result = evalrun(*SMOKE_TASKS, "-e", experiment, "--junit-xml", junit)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gate FAIL" in result.stdout and "every variant solves half" in result.stdout
+    xmlschema.XMLSchema(JUNIT_XSD).validate(junit)
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites"
+    suites = {suite.get("name"): suite for suite in root.findall("testsuite")}
+    assert list(suites) == ["reference", "no-op", "suite-gates"]
+    for variant in ("reference", "no-op"):
+        cases = suites[variant].findall("testcase")
+        assert [case.get("classname") for case in cases] == [variant, variant]
+        assert [case.get("name") for case in cases] == ["fix-mean#0", "slugify#0"]
+        assert all(float(case.get("time")) > 0 for case in cases)
+    assert len(suites["no-op"].findall("testcase/failure")) == 2
+    assert suites["reference"].findall("testcase/failure") == []
+    gates = suites["suite-gates"].findall("testcase")
+    assert [(g.get("name"), g.find("failure") is not None) for g in gates] == [
+        ("min_pass_rate >= 100% (reference)", False),
+        ("every variant solves half", True),
+    ]
+    assert Run.objects.get().gates_passed is False
+
+
+def test_it_exits_2_on_bad_input_and_starts_nothing(transactional_db, tmp_path):
+    broken = write(
+        tmp_path / "broken" / "task.yaml",
+        """
+        task_id: broken
+        initial_prompt: "x"
+        success_criteria:
+          - type: file_exists
+          - type: no_such_criterion
+        run_limits:
+          max_turns: -3
+        """,
+    )
+
+    bad_file = evalrun(SMOKE_TASKS[0], broken.parent, "-T", "oracle")
+    bad_path = evalrun(SMOKE_TASKS[0], "-T", "oracle", "-D", "run_limits.max_turnz=5")
+    twice = evalrun(SMOKE_TASKS[0], "-D", "run_limits.max_turns=5", "-D", "run_limits.max_turns=6")
+
+    assert bad_file.returncode == 2, bad_file.stderr
+    # Every problem, each with its file and line; the good task is not imported either.
+    for line, field in (
+        (4, "success_criteria[0].path"),
+        (5, "success_criteria[1]"),
+        (7, "run_limits.max_turns"),
+    ):
+        assert f"{broken}:{line}: {field}" in bad_file.stderr
+    assert (bad_path.returncode, twice.returncode) == (2, 2)
+    assert "did you mean 'max_turns'" in bad_path.stderr
+    assert "'run_limits.max_turns' is set twice" in twice.stderr
+    assert not Task.objects.exists() and not Run.objects.exists()
+
+
+def test_it_resumes_a_run_whose_worker_was_killed_without_rerunning_finished_trials(
+    celery_worker_process, tmp_path
+):
+    tasks, experiment = slow_suite(tmp_path, 3)
+    started = evalrun(tasks, "-e", experiment, "-j", "1", "--no-wait")
+    assert started.returncode == 0, started.stderr
+    run = Run.objects.get()
+    assert f"run {run.pk}: " in started.stdout
+    trials = Trial.objects.filter(run=run)
+    wait_for(
+        lambda: (
+            trials.filter(status=Trial.Status.PASSED).exists() and trials.filter(status="running").exists()
+        ),
+        timeout=60,
+        message=lambda: f"a trial to pass and the next to run; log:\n{celery_worker_process.log()[-3000:]}",
+    )
+
+    celery_worker_process.kill()
+    before = {t.pk: (t.status, t.finished_at, t.attempt) for t in trials.filter(status=Trial.Status.PASSED)}
+    interrupted = trials.get(status=Trial.Status.RUNNING)
+    WorkerProcess(tmp_path).start()
+    resumed = evalrun("--resume", run.pk)
+
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming run" in resumed.stdout
+    after = {t.pk: (t.status, t.finished_at, t.attempt) for t in trials.filter(pk__in=before)}
+    assert after == before  # finished trials were not run again
+    interrupted.refresh_from_db()
+    assert (interrupted.status, interrupted.attempt) == (Trial.Status.PASSED, 2)
+    run.refresh_from_db()
+    assert (run.status, run.n_trials, run.n_passed) == (Run.Status.FINISHED, 3, 3)
+
+
+def test_it_cancels_the_run_on_ctrl_c(celery_worker_process, tmp_path):
+    tasks, experiment = slow_suite(tmp_path, 3)
+    proc = start_evalrun(tasks, "-e", experiment, "-j", "1", "-s", "minimal")
+    for line in proc.stdout:
+        if "phase agent" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=TIMEOUT)[0]
+
+    assert proc.returncode == 130, output
+    assert "cancelled; finish it later with: evalrun --resume" in output
+    run = Run.objects.get()
+    assert run.status == Run.Status.CANCELLED
+    assert run.n_cancelled >= 2 and run.n_queued + run.n_running == 0

@@ -1,0 +1,174 @@
+import pytest
+
+from experiments_app.importing import import_experiment
+from experiments_app.models import Task
+from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.models import Run, Trial
+from runs_app.tests.factories import (
+    EXAMPLES,
+    import_examples,
+    import_folder_tasks,
+    make_experiment,
+    make_task,
+)
+
+pytestmark = pytest.mark.django_db
+
+DATASET_TASK = """
+task_id: convert
+initial_prompt: "Convert ${row.value} to ${row.unit}"
+tags: [data]
+dataset:
+  rows:
+    - {id: a, value: "1", unit: km, kind: length}
+    - {id: b, value: "2", unit: mi, kind: length}
+    - {id: c, value: "3", unit: kg, kind: mass}
+    - {id: d, value: "4", unit: lb, kind: mass}
+    - {id: e, value: "5", unit: g, kind: mass}
+  id_field: id
+  stratify_field: kind
+success_criteria:
+  - type: run_command
+    command: "test ${row.value} = ${row.value}"
+"""
+
+ONE_CRITERION = "success_criteria:\n  - {type: file_exists, path: x}\n"
+
+EXPERIMENT = """
+experiment_id: ab
+defaults:
+  repeats: 2
+variants:
+  - variant_id: base
+    agent: {type: none}
+  - variant_id: ref
+    agent: {type: oracle}
+    repeats: 3
+"""
+
+
+@pytest.fixture
+def smoke():
+    import_examples()
+    return import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
+
+
+def test_it_creates_every_trial_queued_and_dispatches_on_commit(smoke, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        run = launch_run(smoke)
+
+    tasks = smoke.selected_tasks().count()
+    assert run.n_trials == tasks * 2 == Trial.objects.filter(run=run).count()
+    assert run.n_queued == run.n_trials
+    assert set(Trial.objects.filter(run=run).values_list("status", flat=True)) == {"queued"}
+    assert len(callbacks) == 1  # dispatch_run, only once the trials are committed
+
+
+def test_it_freezes_task_versions_and_config(smoke, tmp_path):
+    run = launch_run(smoke)
+    trial = Trial.objects.filter(run=run).select_related("task_version").first()
+    config_before = trial.config
+
+    task = Task.objects.get(pk=trial.task_version.task_id)
+    task.version += 1
+    task.save()
+
+    trial.refresh_from_db()
+    assert trial.task_version.number == 1
+    assert trial.config == config_before
+    assert run.config["tasks"][task.slug]["version"] == 1
+    assert trial.config["agent"]["type"] in ("oracle", "none")
+    assert trial.lineage["agent.type"] == "variant"
+
+
+def test_it_uses_variant_repeats_and_records_fingerprints(tmp_path):
+    make_task(
+        tmp_path,
+        "t1",
+        "task_id: t1\ninitial_prompt: hi\nsuccess_criteria:\n  - type: file_exists\n    path: x\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+
+    run = launch_run(experiment)
+
+    counts = {v: Trial.objects.filter(run=run, variant__slug=v).count() for v in ("base", "ref")}
+    assert counts == {"base": 2, "ref": 3}
+    fingerprints = set(Trial.objects.filter(run=run).values_list("config_fingerprint", flat=True))
+    assert len(fingerprints) == 2 and all(len(f) == 64 for f in fingerprints)
+    assert len(run.fingerprint) == 64
+
+
+def test_it_expands_datasets_and_substitutes_rows(tmp_path):
+    make_task(tmp_path, "convert", DATASET_TASK)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path, EXPERIMENT.replace("repeats: 2", "repeats: 1").replace("repeats: 3", "repeats: 1")
+    )
+
+    run = launch_run(experiment)
+
+    trials = Trial.objects.filter(run=run, variant__slug="base").order_by("dataset_row_id")
+    assert [t.dataset_row_id for t in trials] == ["a", "b", "c", "d", "e"]
+    first = trials[0]
+    assert first.prompt == "Convert 1 to km"
+    assert first.config["success_criteria"][0]["command"] == "test 1 = 1"
+    assert first.dataset_row["unit"] == "km"
+
+
+def test_it_samples_rows_per_stratum_with_a_recorded_seed(tmp_path):
+    make_task(tmp_path, "convert", DATASET_TASK)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+
+    first = launch_run(experiment, options=LaunchOptions(sample_per_stratum=1, seed=7, repeats=1))
+    again = launch_run(experiment, options=LaunchOptions(sample_per_stratum=1, seed=7, repeats=1))
+
+    rows = sorted(
+        Trial.objects.filter(run=first, variant__slug="base").values_list("dataset_row_id", flat=True)
+    )
+    assert len(rows) == 2  # one length row, one mass row
+    assert rows == sorted(
+        Trial.objects.filter(run=again, variant__slug="base").values_list("dataset_row_id", flat=True)
+    )
+    assert first.sample_seed == 7
+
+
+def test_it_honours_skip_and_tag_filters(tmp_path):
+    for slug, extra in (("keep", "tags: [a]"), ("other", "tags: [b]"), ("skipped", "tags: [a]\nskip: true")):
+        make_task(tmp_path, slug, f"task_id: {slug}\ninitial_prompt: hi\n{extra}\n{ONE_CRITERION}")
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+
+    tagged = launch_run(experiment, options=LaunchOptions(tags=["a"], repeats=1))
+    with_skipped = launch_run(experiment, options=LaunchOptions(tags=["a"], include_skipped=True, repeats=1))
+
+    def slugs(run):
+        return set(Trial.objects.filter(run=run).values_list("task_version__task__slug", flat=True))
+
+    assert slugs(tagged) == {"keep"}
+    assert slugs(with_skipped) == {"keep", "skipped"}
+
+
+def test_it_refuses_bad_overrides_and_creates_nothing(smoke):
+    with pytest.raises(LaunchError, match="run_limits.max_turnz"):
+        launch_run(smoke, options=LaunchOptions(overrides=["run_limits.max_turnz=3"]))
+    with pytest.raises(LaunchError, match="set twice|more than once|twice"):
+        launch_run(
+            smoke, options=LaunchOptions(overrides=["run_limits.max_turns=3", "run_limits.max_turns=4"])
+        )
+
+    assert not Run.objects.exists()
+
+
+def test_it_applies_valid_overrides_to_every_trial(smoke):
+    run = launch_run(smoke, options=LaunchOptions(overrides=["run_limits.max_turns=7"]))
+
+    lineages = Trial.objects.filter(run=run).values_list("config", "lineage")
+    assert all(config["run_limits"]["max_turns"] == 7 for config, _ in lineages)
+    assert all(lineage["run_limits.max_turns"] == "override" for _, lineage in lineages)
+
+
+def test_it_refuses_an_experiment_that_selects_no_task(smoke):
+    with pytest.raises(LaunchError, match="selects no tasks"):
+        launch_run(smoke, options=LaunchOptions(tags=["no-such-tag"]))

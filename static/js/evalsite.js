@@ -1,0 +1,70 @@
+/* evalsite: the little JavaScript the pages use. Every page works without it. */
+(function () {
+  "use strict";
+
+  // The run page polls only while its event stream is down (see run_detail.html).
+  window.evalsiteStreamLive = false;
+  document.addEventListener("htmx:sseOpen", function () { window.evalsiteStreamLive = true; });
+  document.addEventListener("htmx:sseError", function () { window.evalsiteStreamLive = false; });
+
+  // Same format as the `duration` template filter.
+  function duration(seconds) {
+    if (seconds < 60) return seconds.toFixed(1) + " s";
+    var total = Math.round(seconds), minutes = Math.floor(total / 60), secs = total % 60;
+    if (minutes < 60) return minutes + " min " + String(secs).padStart(2, "0") + " s";
+    return Math.floor(minutes / 60) + " h " + String(minutes % 60).padStart(2, "0") + " min";
+  }
+
+  // Elapsed time keeps ticking between updates of a running run.
+  setInterval(function () {
+    document.querySelectorAll("[data-elapsed-since]").forEach(function (el) {
+      var since = Date.parse(el.getAttribute("data-elapsed-since"));
+      if (!isNaN(since)) el.textContent = duration(Math.max(0, (Date.now() - since) / 1000));
+    });
+  }, 1000);
+
+  // <form data-confirm="…"> asks before submitting (cancel a run, …).
+  document.addEventListener("submit", function (event) {
+    var message = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (message && !window.confirm(message)) event.preventDefault();
+  });
+
+  // Transcript: filter events by text; expand or collapse every detail.
+  document.addEventListener("input", function (event) {
+    if (event.target.id !== "transcript-filter") return;
+    var query = event.target.value.trim().toLowerCase(), shown = 0;
+    var events = document.querySelectorAll("#transcript .event");
+    events.forEach(function (el) {
+      var hit = !query || el.textContent.toLowerCase().indexOf(query) !== -1;
+      el.hidden = !hit;
+      if (hit) shown += 1;
+      if (query && hit) el.querySelectorAll("details").forEach(function (d) { d.open = true; });
+    });
+    var count = document.getElementById("transcript-count");
+    if (count) count.textContent = query ? shown + " of " + events.length + " events" : events.length + " events";
+  });
+  document.addEventListener("click", function (event) {
+    var toggle = event.target.closest && event.target.closest("[data-details]");
+    if (toggle) {
+      var open = toggle.getAttribute("data-details") === "open";
+      document.querySelectorAll(toggle.getAttribute("data-target") + " details").forEach(function (d) { d.open = open; });
+      return;
+    }
+    // Experiment form: "Add variant" copies the formset's empty form.
+    var add = event.target.closest && event.target.closest("[data-add-form]");
+    if (add) {
+      var prefix = add.getAttribute("data-add-form");
+      var total = document.getElementById("id_" + prefix + "-TOTAL_FORMS");
+      var template = document.getElementById(prefix + "-empty-form");
+      var index = parseInt(total.value, 10);
+      var holder = document.createElement("div");
+      holder.innerHTML = template.innerHTML.replace(/__prefix__/g, String(index)).replace(/__number__/g, String(index + 1));
+      var form = holder.firstElementChild;
+      document.getElementById(prefix + "-forms").appendChild(form);
+      total.value = String(index + 1);
+      if (window.htmx) window.htmx.process(form);
+      var first = form.querySelector("input[type=text], input:not([type])");
+      if (first) first.focus();
+    }
+  });
+})();
