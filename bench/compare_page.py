@@ -168,13 +168,12 @@ def time_requests(url: str, count: int) -> list[float]:
     user, _ = get_user_model().objects.get_or_create(username="bench-compare")
     client = Client()
     client.force_login(user)
-    timings = []
-    for _ in range(count):
-        started = time.perf_counter()
+
+    def get() -> None:
         response = client.get(url)
-        timings.append((time.perf_counter() - started) * 1000)
         assert response.status_code == 200, f"GET {url}: {response.status_code}"
-    return timings
+
+    return _timed(get, count)
 
 
 def p95(values: list[float]) -> float:
@@ -182,33 +181,44 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def time_update(run) -> str:
-    """Per-update cost of the run page's live stream (see the report line for what was timed)."""
+def time_update(run) -> list[str]:
+    """Per-update cost of the run page's live stream: one call of the function the stream runs
+    each tick, runs_app.views.run_stream_update, forced to render (no previous state), and one
+    tick where nothing changed. Falls back to the page's HTMX fragment if it is missing."""
     from django.contrib.auth import get_user_model
     from django.test import Client, RequestFactory
 
     from runs_app import views
 
-    render_update = getattr(views, "render_run_update", None)
     user = get_user_model().objects.get(username="bench-compare")
-    timings = []
-    if render_update is not None:
-        request = RequestFactory().get(f"/runs/{run.pk}/stream/")
-        request.user = user
-        what = "runs_app.views.render_run_update (one SSE update)"
-        for _ in range(20):
-            started = time.perf_counter()
-            render_update(request, run)
-            timings.append((time.perf_counter() - started) * 1000)
-    else:
+    update = getattr(views, "run_stream_update", None)
+    if update is None:
         client = Client(headers={"HX-Request": "true"})
         client.force_login(user)
-        what = f"GET /runs/{run.pk}/ with HX-Request (no stream renderer in runs_app.views yet)"
-        for _ in range(20):
-            started = time.perf_counter()
-            client.get(f"/runs/{run.pk}/")
-            timings.append((time.perf_counter() - started) * 1000)
-    return f"{what}: median {statistics.median(timings):.1f} ms, p95 {p95(timings):.1f} ms"
+        timings = _timed(lambda: client.get(f"/runs/{run.pk}/"))
+        return [f"run page fragment (GET /runs/{run.pk}/, HX-Request; no stream function): {_stats(timings)}"]
+    request = RequestFactory().get(f"/runs/{run.pk}/stream/")
+    request.user = user
+    _, state = update(run.pk, None, {}, request)
+    rendered = _timed(lambda: update(run.pk, None, {}, request))
+    unchanged = _timed(lambda: update(run.pk, state, {}, request))
+    return [
+        f"run page stream, one update (run_stream_update rendering its fragments): {_stats(rendered)}",
+        f"run page stream, one tick with nothing new (run_stream_update): {_stats(unchanged)}",
+    ]
+
+
+def _timed(call, count: int = 20) -> list[float]:
+    timings = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+def _stats(timings: list[float]) -> str:
+    return f"median {statistics.median(timings):.1f} ms, p95 {p95(timings):.1f} ms"
 
 
 def main() -> None:
@@ -235,7 +245,8 @@ def main() -> None:
             f"{statistics.median(timings):.0f} ms, p95 {p95(timings):.0f} ms "
             f"(target p95 <= {TARGET_MS} ms: {verdict})"
         )
-        print(time_update(run))
+        for line in time_update(run):
+            print(line)
 
 
 if __name__ == "__main__":

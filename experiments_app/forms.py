@@ -43,7 +43,7 @@ def dump_yaml(value: Any) -> str:
 class YamlField(forms.CharField):
     """A YAML (or JSON) text box holding a mapping or, with `kind=list`, a list."""
 
-    widget = forms.Textarea(attrs={"rows": 3, "spellcheck": "false"})
+    widget = forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "code"})
 
     def __init__(self, *args: Any, kind: type = dict, **kwargs: Any) -> None:
         self.kind = kind
@@ -114,7 +114,9 @@ class ExperimentForm(forms.Form):
         help_text="Defaults for every variant, e.g. task_timeout: 300, max_turns: 30, max_usd: 2",
     )
     other_defaults = YamlField(label="Other defaults", help_text="Any other task-level field (YAML)")
-    gates = YamlField(kind=list, help_text="Checks judged when a run ends, e.g. - {type: min_pass_rate, value: 0.8}")
+    gates = YamlField(
+        kind=list, help_text="Checks judged when a run ends, e.g. - {type: min_pass_rate, value: 0.8}"
+    )
 
     def __init__(self, *args: Any, editing: Experiment | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -216,7 +218,12 @@ def variant_initial(variant: Variant) -> dict:
     for mutation in variant.prompt_mutations:
         name = SIMPLE_MUTATIONS.get(mutation.get("type"))
         simple = set(mutation) <= {"type", "content", "separator"}
-        if name and simple and not initial[name] and mutation.get("separator", DEFAULT_SEPARATOR) == DEFAULT_SEPARATOR:
+        if (
+            name
+            and simple
+            and not initial[name]
+            and mutation.get("separator", DEFAULT_SEPARATOR) == DEFAULT_SEPARATOR
+        ):
             initial[name] = mutation.get("content", "")
         else:
             other_mutations.append(mutation)
@@ -345,8 +352,11 @@ def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -
         path = _normalise(f"{base}/{ref.raw}" if base else ref.raw)
         if path not in bundled and not any(name.startswith(path + "/") for name in bundled):
             issues.append(
-                (ref.loc, f"{ref.raw!r} is not in this experiment's files; import the experiment's YAML "
-                 "with its files to use it (python manage.py import_experiment)")  # fmt: skip
+                (
+                    ref.loc,
+                    f"{ref.raw!r} is not in this experiment's files; import the experiment's YAML "
+                    "with its files to use it (python manage.py import_experiment)",
+                )  # fmt: skip
             )
     return issues
 
@@ -362,7 +372,9 @@ def _normalise(path: str) -> str:
     return "/".join(parts)
 
 
-def in_use_issues(experiment: Experiment | None, sources: list[VariantSource], deleted: list[VariantForm]) -> int:
+def in_use_issues(
+    experiment: Experiment | None, sources: list[VariantSource], deleted: list[VariantForm]
+) -> int:
     """Variants with trials cannot be removed or renamed (their runs point at them): put the
     error on the form that removes or renames one. Returns how many problems were found."""
     if experiment is None:
@@ -374,13 +386,18 @@ def in_use_issues(experiment: Experiment | None, sources: list[VariantSource], d
         old = form.initial.get("variant_id")
         if old in used and old not in kept:
             action = "deleted" if form in deleted else "renamed"
-            form.add_error(None, f"variant {old!r} has runs, so it cannot be {action}; add a new variant instead")
+            form.add_error(
+                None, f"variant {old!r} has runs, so it cannot be {action}; add a new variant instead"
+            )
             problems += 1
     return problems
 
 
 def apply_issues(
-    issues: list[tuple[Loc, str]], form: ExperimentForm, formset: forms.BaseFormSet, sources: list[VariantSource]
+    issues: list[tuple[Loc, str]],
+    form: ExperimentForm,
+    formset: forms.BaseFormSet,
+    sources: list[VariantSource],
 ) -> None:
     """Show each spec problem on the field it came from (the whole form when none fits)."""
     for loc, message in issues:
@@ -542,11 +559,13 @@ class LaunchForm(forms.Form):
     """Optional one-off changes for a single run (the experiment itself stays as it is)."""
 
     repeats = forms.IntegerField(required=False, min_value=1, help_text="Empty: the experiment's")
-    sample = forms.IntegerField(required=False, min_value=1, help_text="Run only this many tasks, drawn at random")
+    sample = forms.IntegerField(
+        required=False, min_value=1, help_text="Run only this many tasks, drawn at random"
+    )
     max_parallel = forms.IntegerField(required=False, min_value=1, label="Max parallel")
     overrides = forms.CharField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "code"}),
         help_text="One path=value per line, e.g. run_limits.task_timeout=120",
     )
 

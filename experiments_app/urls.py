@@ -6,7 +6,9 @@ urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment_list"),
     # Before <slug:slug>/, so "new" is a reserved experiment ID (the form refuses it).
     path("experiments/new/", views.experiment_create, name="experiment_create"),
-    path("experiments/new/matching-tasks/", views.experiment_matching_tasks, name="experiment_matching_tasks"),
+    path(
+        "experiments/new/matching-tasks/", views.experiment_matching_tasks, name="experiment_matching_tasks"
+    ),
     path("experiments/<slug:slug>/", views.experiment_detail, name="experiment_detail"),
     path("experiments/<slug:slug>/edit/", views.experiment_edit, name="experiment_edit"),
     path("experiments/<slug:slug>/duplicate/", views.experiment_duplicate, name="experiment_duplicate"),

@@ -222,7 +222,9 @@ def task_list(request: HttpRequest) -> HttpResponse:
         tasks = tasks.filter(Q(slug__icontains=filters["q"]) | Q(description__icontains=filters["q"]))
     if filters.get("tag"):
         tasks = tasks.with_tags([filters["tag"]], [])
-    page = Paginator(tasks.defer("spec", "source_yaml", "prompt"), TASK_PAGE_SIZE).get_page(filters.get("page"))
+    page = Paginator(tasks.defer("spec", "source_yaml", "prompt"), TASK_PAGE_SIZE).get_page(
+        filters.get("page")
+    )
     return render(request, "experiments/task_list.html", {"form": form, "page": page})
 
 

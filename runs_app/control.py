@@ -19,9 +19,14 @@ logger = logging.getLogger(__name__)
 PENDING = (Trial.Status.QUEUED, Trial.Status.RUNNING)
 
 
-def dispatch(run_id: int) -> list[int]:
+def dispatch(run_id: int, reserve: bool = False) -> int | None:
     """Fill the run's free slots (max_parallel minus trials running or already sent) with queued
-    trials, breadth-first over replicates, and enqueue them once committed."""
+    trials, breadth-first over replicates, and enqueue them once committed.
+
+    With `reserve`, the first picked trial is not enqueued but returned: the calling worker,
+    which just freed a slot, runs it next without a broker round trip (the filesystem broker
+    polls every 0.1 s, which would otherwise idle each worker process between short trials).
+    A worker that dies holding a reservation is covered by the reaper's re-dispatch."""
     from runs_app.tasks import execute_trial
 
     with transaction.atomic():
@@ -29,23 +34,32 @@ def dispatch(run_id: int) -> list[int]:
         # transactions already do), so max_parallel holds across any number of workers.
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.cancel_requested or run.is_final or run.historical:
-            return []
+            return None
         current = Trial.objects.filter(run=run, is_latest=True)
         occupied = current.filter(
             Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
         ).count()
         free = run.max_parallel - occupied
         if free <= 0:
-            return []
+            return None
         ids = list(
             current.filter(status=Trial.Status.QUEUED, dispatched_at__isnull=True)
             .order_by("replicate", "pk")
             .values_list("pk", flat=True)[:free]
         )
         Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
+        reserved = ids.pop(0) if reserve and ids else None
         for trial_id in ids:
             transaction.on_commit(partial(execute_trial.delay, trial_id))
-    return ids
+    return reserved
+
+
+def release(trial_id: int) -> None:
+    """Give back a reserved trial the worker could not claim, so it is dispatched normally."""
+    run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
+    Trial.objects.filter(pk=trial_id, status=Trial.Status.QUEUED).update(dispatched_at=None)
+    if run_id is not None:
+        dispatch(run_id)
 
 
 def refresh_run(run_id: int) -> Run:
@@ -73,11 +87,13 @@ def _finish(run: Run) -> None:
                 run.n_failed, run.n_error)  # fmt: skip
 
 
-def after_trial(run_id: int) -> None:
-    """Called when a trial of the run reached a final state."""
+def after_trial(run_id: int, reserve: bool = False) -> int | None:
+    """Called when a trial of the run reached a final state; returns a reserved trial to run
+    next when `reserve` is asked (see dispatch)."""
     run = refresh_run(run_id)
     if not run.is_final:
-        dispatch(run_id)
+        return dispatch(run_id, reserve=reserve)
+    return None
 
 
 def mark_run_started(run_id: int) -> None:

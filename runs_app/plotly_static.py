@@ -35,12 +35,11 @@ class PlotlyFinder(BaseFinder):
         return []
 
     # Like Django's own finders, still accept the `all` keyword deprecated in Django 5.2.
-    def find(self, path: str, find_all: bool = False, **kwargs) -> str | list[str] | None:
-        find_all = find_all or kwargs.get("all", False)
-        found = self.storage.path(FILENAME) if path == STATIC_PATH else None
-        if find_all:
-            return [found] if found else []
-        return found
+    def find(self, path: str, find_all: bool = False, **kwargs) -> str | list[str]:
+        if path != STATIC_PATH:
+            return []  # what Django's finders return for "not here", either way
+        found = self.storage.path(FILENAME)
+        return [found] if find_all or kwargs.get("all") else found
 
     def list(self, ignore_patterns):
         yield FILENAME, self.storage

@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_TASK_TIMEOUT = 600
 FLUSH_EVERY_SECONDS = 0.5
 MAX_PARSED_BYTES = 64 << 20
+# How long a worker process keeps running reserved trials of one run before it goes back to
+# the broker (where other runs' trials wait their turn).
+CHAIN_SECONDS = 2.0
 COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
 
 
@@ -85,9 +88,26 @@ def claim(trial_id: int, worker: str) -> bool:
 
 
 def execute(trial_id: int, worker: str) -> str | None:
-    """Run one trial to a final state; returns it, or None when the trial was not ours to run."""
+    """Run a trial to a final state, then, for a short while, further trials of the same run
+    reserved by dispatch (no broker round trip between them). Returns the first trial's final
+    status, or None when it was not ours to run (taken by another worker, or already ended)."""
+    chain_until = time.monotonic() + CHAIN_SECONDS
+    status, next_id = execute_one(trial_id, worker, reserve=True)
+    while next_id is not None:
+        if not claim(next_id, worker):
+            control.release(next_id)
+            break
+        _, next_id = _run_claimed(next_id, worker, reserve=time.monotonic() < chain_until)
+    return status
+
+
+def execute_one(trial_id: int, worker: str, reserve: bool = False) -> tuple[str | None, int | None]:
     if not claim(trial_id, worker):
-        return None
+        return None, None
+    return _run_claimed(trial_id, worker, reserve)
+
+
+def _run_claimed(trial_id: int, worker: str, reserve: bool) -> tuple[str | None, int | None]:
     trial = Trial.objects.select_related("run", "variant", "task_version__bundle", "task_version__task").get(
         pk=trial_id
     )
@@ -101,8 +121,8 @@ def execute(trial_id: int, worker: str) -> str | None:
     finally:
         execution.stop_heartbeat()
     stored = execution.persist(outcome)
-    control.after_trial(trial.run_id)
-    return outcome.status if stored else None
+    next_id = control.after_trial(trial.run_id, reserve=reserve)
+    return (outcome.status if stored else None), next_id
 
 
 class Recorder:
@@ -195,6 +215,7 @@ class TrialExecution:
         self.recorder = Recorder(trial.pk, self.secret_values)
         self.heartbeat = Heartbeat(trial, worker)
         self.paths: workspace.SandboxPaths | None = None
+        self.agent_process_seconds = 0.0
         self.root: Path | None = None
 
     # --- the phases ---------------------------------------------------------------------------
@@ -242,7 +263,13 @@ class TrialExecution:
         if self.trial.run.keep_artifacts and self.paths is not None:
             outcome.artifact = self._save_artifact()
         self.cleanup()
-        self.recorder.phase("finished", status=outcome.status, error=outcome.error_message[:500])
+        self.recorder.phase(
+            "finished",
+            status=outcome.status,
+            error=outcome.error_message[:500],
+            seconds=round(timings["total"], 4),
+            agent_process_seconds=round(self.agent_process_seconds, 4),
+        )
         return outcome
 
     def _stopped(self, reason: str) -> Outcome:
@@ -372,6 +399,7 @@ class TrialExecution:
                 on_stdout_line=on_line,
                 should_stop=should_stop,
             )
+        self.agent_process_seconds = result.duration_seconds if result else 0.0
         outcome = kind.finish(result, parser, limit_hit=state["limit"])
         for event_kind, data in (("usage", outcome.usage.as_dict()),):
             self.recorder.add(event_kind, data)

@@ -191,13 +191,15 @@ def _alive(pid: int) -> bool:
 
 def _status_field(pid: int, field: bytes) -> list[bytes] | None:
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(field):
-                    return line.split()[1:]
+        with open(f"/proc/{pid}/status", "rb", buffering=0) as f:
+            data = f.read(4096)
     except OSError:
         return None
-    return None
+    start = data.find(b"\n" + field)
+    if start < 0:
+        return None
+    end = data.find(b"\n", start + 1)
+    return data[start + 1 : end if end > 0 else None].split()[1:]
 
 
 def _pids_of_uid(uid: int) -> set[int]:
@@ -284,6 +286,7 @@ def kill_uid_processes(uid: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Sandbox uids (root workers)
 
+_CLEAN = b"clean"
 _UID_LOCK = threading.Lock()
 _LEASES: dict[int, int] = {}  # uid -> fd of its lock file, held while the trial lives
 
@@ -337,6 +340,12 @@ def lease_sandbox_uid() -> int:
             break
         else:
             raise SandboxError(f"no free sandbox uid in {uids[0]}-{uids[-1]}: widen EVALSITE_SANDBOX_UIDS")
+    # The lock file says "clean" when the last holder released the uid after its final sweep;
+    # anything else (a worker died holding it) means leftovers may still run as this uid.
+    was_clean = os.pread(fd, 16, 0) == _CLEAN
+    os.ftruncate(fd, 0)
+    if was_clean:
+        return uid
     kill_uid_processes(uid)
     # Killed processes stay zombies until init reaps them, and zombies count for RLIMIT_NPROC:
     # give init a moment so the trial starts with its whole process budget.
@@ -353,6 +362,8 @@ def release_sandbox_uid(uid: int) -> None:
     if fd is None:
         return
     kill_uid_processes(uid)
+    if not _pids_of_uid(uid):
+        os.pwrite(fd, _CLEAN, 0)
     with _UID_LOCK:
         _LEASES.pop(uid, None)
         os.close(fd)

@@ -158,9 +158,7 @@ class VariantRow:
 def variant_rows(run: Run) -> list[VariantRow]:
     """Per-variant counts, tokens and cost of the run's current trials (one grouped query)."""
     current = Q(trials__run=run, trials__is_latest=True)
-    counts = {
-        status: Count("trials", filter=Q(trials__status=status)) for status in Trial.Status.values
-    }
+    counts = {status: Count("trials", filter=Q(trials__status=status)) for status in Trial.Status.values}
     tokens = (
         F("trials__input_tokens") + F("trials__output_tokens")
         + F("trials__cache_read_tokens") + F("trials__cache_creation_tokens")
@@ -173,8 +171,12 @@ def variant_rows(run: Run) -> list[VariantRow]:
     baseline = (run.config or {}).get("baseline")
     return [
         VariantRow(
-            variant=v, total=v.total, tokens=v.tokens or 0, cost=v.cost or 0.0,
-            is_baseline=v.slug == baseline, **{s: getattr(v, s) for s in Trial.Status.values},
+            variant=v,
+            total=v.total,
+            tokens=v.tokens or 0,
+            cost=v.cost or 0.0,
+            is_baseline=v.slug == baseline,
+            **{s: getattr(v, s) for s in Trial.Status.values},
         )  # fmt: skip
         for v in variants
     ]
@@ -210,8 +212,10 @@ def run_progress_numbers(run: Run, now: datetime) -> dict:
         eta = elapsed * ((total - done) / done)
     return {
         "percent": int(100 * done / total) if total else (100 if run.is_final else 0),
-        "segments": [(status, share(getattr(run, f"n_{status}"))) for status in
-                     ("passed", "failed", "error", "cancelled", "running")],  # fmt: skip
+        "segments": [
+            (status, share(getattr(run, f"n_{status}")))
+            for status in ("passed", "failed", "error", "cancelled", "running")
+        ],  # fmt: skip
         "elapsed": elapsed,
         "eta": eta,
         "started": started,
@@ -265,7 +269,10 @@ class StreamState(NamedTuple):
 
 
 def run_stream_update(
-    run_id: int, last_state: StreamState | None, filters: dict | None = None, request: HttpRequest | None = None
+    run_id: int,
+    last_state: StreamState | None,
+    filters: dict | None = None,
+    request: HttpRequest | None = None,
 ) -> tuple[str | None, StreamState | None]:
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
@@ -447,6 +454,12 @@ def _as_text(value) -> str:
     return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=False).strip()
 
 
+def _usage_part(key: str, value) -> str:
+    if "usd" in key and isinstance(value, int | float):
+        return f"cost ${value:.4f}"
+    return f"{key.replace('_', ' ')} {value}"
+
+
 def event_row(event: TrialEvent) -> EventRow:
     """How one event reads in the transcript; long parts go in `body`, shown collapsed."""
     data = event.data if isinstance(event.data, dict) else {"value": event.data}
@@ -472,11 +485,13 @@ def event_row(event: TrialEvent) -> EventRow:
     elif kind == TrialEvent.Kind.OUTPUT and "command" in data:
         row.title = f"{data.get('step', 'command')}: {data.get('command', '')}"
         row.text = "timed out" if data.get("timed_out") else f"exit {data.get('exit_code')}"
-        row.body = "\n".join(
-            part for part in (data.get("stdout", ""), data.get("stderr", "")) if part
-        ) or "(no output)"
+        row.body = (
+            "\n".join(part for part in (data.get("stdout", ""), data.get("stderr", "")) if part)
+            or "(no output)"
+        )
     elif kind == TrialEvent.Kind.USAGE:
-        row.text = " · ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items() if v not in (None, 0, ""))
+        parts = [_usage_part(k, v) for k, v in data.items() if v not in (None, 0, "")]
+        row.text = " · ".join(parts) or "nothing reported"
     elif kind == TrialEvent.Kind.ERROR:
         row.title = str(data.get("category") or "error")
         row.text = _as_text(data.get("message", data))
@@ -500,8 +515,11 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
     events = list(trial.events.all()[: TRANSCRIPT_LIMIT + 1])
     attempts = (
         Trial.objects.filter(
-            run_id=trial.run_id, task_version_id=trial.task_version_id, variant_id=trial.variant_id,
-            replicate=trial.replicate, dataset_row_id=trial.dataset_row_id,
+            run_id=trial.run_id,
+            task_version_id=trial.task_version_id,
+            variant_id=trial.variant_id,
+            replicate=trial.replicate,
+            dataset_row_id=trial.dataset_row_id,
         )  # fmt: skip
         .exclude(pk=trial.pk)
         .only("run_id", "status", "attempt", "is_latest", "finished_at", "error_category", "error_message")
@@ -520,4 +538,3 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,
     }
     return render(request, "runs/trial_detail.html", ctx)
-

@@ -39,7 +39,11 @@ def _two_variants(**second) -> tuple[dict, dict]:
 def _post_data_of(response) -> dict:
     """What the browser would send back for an unchanged edit form."""
     data = {}
-    forms = [response.context["form"], response.context["formset"].management_form, *response.context["formset"]]
+    forms = [
+        response.context["form"],
+        response.context["formset"].management_form,
+        *response.context["formset"],
+    ]
     for form in forms:
         for field in form:
             value = field.value()
@@ -49,9 +53,7 @@ def _post_data_of(response) -> dict:
     return data
 
 
-@pytest.mark.parametrize(
-    "url", ["experiment_list", "experiment_create", "experiment_matching_tasks"]
-)
+@pytest.mark.parametrize("url", ["experiment_list", "experiment_create", "experiment_matching_tasks"])
 def test_it_sends_anonymous_visitors_to_login(client, url):
     response = client.get(reverse(url))
 
@@ -145,8 +147,12 @@ def test_it_ignores_blank_extra_variant_forms(member_client):
         ({"variants-1-variant_id": "bad id"}, 1, "variant_id", "must be a slug"),
         ({"variants-1-run_limits": "max_usd: -1"}, 1, "run_limits", "max_usd: Input should be greater"),
         ({"variants-1-agent_type": "robot"}, 1, "agent_type", "Select a valid choice"),
-        ({"variants-1-other": "initial_prompt: hi\nprompt_mutations: [{type: suffix, content: x}]"}, 1,
-         "other", "set only one of"),
+        (
+            {"variants-1-other": "initial_prompt: hi\nprompt_mutations: [{type: suffix, content: x}]"},
+            1,
+            "other",
+            "set only one of",
+        ),
         ({"variants-1-options": "script: agent.py"}, 1, "options", "not in this experiment's files"),
     ],
 )

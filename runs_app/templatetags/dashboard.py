@@ -67,7 +67,15 @@ def pass_rate(passed: int | None, failed: int | None) -> str:
     return f"{100 * (passed or 0) / decided:.0f}%" if decided else "—"
 
 
-FILE_HEADER_PREFIXES = ("diff ", "index ", "new file", "deleted file", "similarity ", "rename ", "Binary files")
+FILE_HEADER_PREFIXES = (
+    "diff ",
+    "index ",
+    "new file",
+    "deleted file",
+    "similarity ",
+    "rename ",
+    "Binary files",
+)
 
 
 @register.filter
@@ -78,21 +86,24 @@ def diff_lines(diff: str | None) -> list[tuple[str, str]]:
     headers only as a pair, so a removed line that starts with "--" is still a removal.
     """
     lines = (diff or "").splitlines()
-    rows = []
+    rows: list[tuple[str, str]] = []
     for i, line in enumerate(lines):
-        if line.startswith(FILE_HEADER_PREFIXES):
-            css = "file"
-        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            css = "file"
-        elif line.startswith("+++ ") and i > 0 and rows[-1][0] == "file" and lines[i - 1].startswith("--- "):
-            css = "file"
-        elif line.startswith("@@"):
-            css = "hunk"
-        elif line.startswith("+"):
-            css = "add"
-        elif line.startswith("-"):
-            css = "del"
-        else:
-            css = ""
-        rows.append((css, line))
+        rows.append(
+            (_diff_class(line, lines[i - 1] if i else "", lines[i + 1] if i + 1 < len(lines) else ""), line)
+        )
     return rows
+
+
+def _diff_class(line: str, before: str, after: str) -> str:
+    header_pair = (line.startswith("--- ") and after.startswith("+++ ")) or (
+        line.startswith("+++ ") and before.startswith("--- ")
+    )
+    if line.startswith(FILE_HEADER_PREFIXES) or header_pair:
+        return "file"
+    if line.startswith("@@"):
+        return "hunk"
+    if line.startswith("+"):
+        return "add"
+    if line.startswith("-"):
+        return "del"
+    return ""

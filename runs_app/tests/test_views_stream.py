@@ -20,7 +20,9 @@ def _events(chunks: list[bytes]) -> list[tuple[str, str]]:
         lines = block.splitlines()
         names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
         if names:
-            found.append((names[0], "\n".join(line[len("data: ") :] for line in lines if line.startswith("data: "))))
+            found.append(
+                (names[0], "\n".join(line[len("data: ") :] for line in lines if line.startswith("data: ")))
+            )
     return found
 
 

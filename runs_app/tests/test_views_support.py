@@ -24,7 +24,12 @@ def launched_run(user=None, experiment: Experiment | None = None) -> Run:
 
 def finish_trial(trial: Trial, status: str, **fields) -> Trial:
     now = timezone.now()
-    defaults = {"started_at": now, "finished_at": now, "duration_seconds": 1.5, "score": 1.0 if status == "passed" else 0.0}
+    defaults = {
+        "started_at": now,
+        "finished_at": now,
+        "duration_seconds": 1.5,
+        "score": 1.0 if status == "passed" else 0.0,
+    }
     Trial.objects.filter(pk=trial.pk).update(status=status, **{**defaults, **fields})
     trial.refresh_from_db()
     return trial

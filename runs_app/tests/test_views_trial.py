@@ -24,7 +24,8 @@ def _trial() -> Trial:
     run = launched_run()
     trial = finish_trial(
         run.trials.order_by("pk").first(), "failed", score=0.5, input_tokens=1000, output_tokens=200,
-        cost_usd=0.0123, diff=DIFF, lineage={"run_limits.task_timeout": "experiment", "agent.type": "variant"},
+        cost_usd=0.0123, diff=DIFF,
+        lineage={"run_limits.task_timeout": "experiment", "agent.type": "variant"},
     )  # fmt: skip
     CriterionResult.objects.create(
         trial=trial, index=0, type="run_command", description="tests pass", score=0.0, passed=False,
@@ -36,7 +37,16 @@ def _trial() -> Trial:
         ("tool_call", {"id": "c1", "name": "Bash", "input": {"command": f"echo '{XSS}'"}}),
         ("tool_result", {"id": "c1", "name": "Bash", "is_error": False, "output": "needle in the output"}),
         ("output", {"text": '<img src=x onerror="alert(1)">'}),
-        ("output", {"step": "pre_run[0]", "command": "pip install -e .", "exit_code": 1, "stdout": "", "stderr": "boom"}),
+        (
+            "output",
+            {
+                "step": "pre_run[0]",
+                "command": "pip install -e .",
+                "exit_code": 1,
+                "stdout": "",
+                "stderr": "boom",
+            },
+        ),
     ]
     TrialEvent.objects.bulk_create(
         TrialEvent(trial=trial, seq=i + 1, at=timezone.now(), kind=kind, data=data)
