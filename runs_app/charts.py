@@ -29,7 +29,7 @@ def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
         "hovertemplate": "%{x}<br>%{y:.1%} (%{customdata[0]}/%{customdata[1]}), "
         "%{customdata[2]} errors<extra></extra>",
     }
-    layout = _layout(f"Pass rate per variant ({_interval_name(comparison)})")
+    layout = _layout(f"Pass rate ({_interval_name(comparison)})")
     layout["yaxis"] = {"range": [0, 1], "tickformat": ".0%", "title": {"text": "pass rate"}}
     return {"data": [bar], "layout": layout}
 
@@ -56,7 +56,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
         "<br>Holm p %{customdata[2]:.3g}<extra></extra>",
     }
     baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
-    layout = _layout(f"Δ pass rate vs {baseline} (paired 95% interval)")
+    layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
     layout["xaxis"] = {"tickformat": "+.0%", "zeroline": False, "title": {"text": "Δ pass rate"}}
     layout["shapes"] = [
         {
@@ -112,8 +112,8 @@ def _error_bars(arms: list[ArmSummary], value: str, low: str, high: str) -> dict
 
 
 def _interval_name(comparison: Comparison) -> str:
-    method = "cluster bootstrap" if comparison.repeats > 1 else "Wilson"
-    return f"{round(comparison.confidence * 100)}% {method} interval"
+    method = "bootstrap" if comparison.repeats > 1 else "Wilson"
+    return f"{round(comparison.confidence * 100)}% {method}"
 
 
 def _layout(title: str) -> dict[str, Any]:

@@ -120,8 +120,9 @@ def _comparison_response(
         "list_limit": TASK_LIST_LIMIT,
         "list_cap": f":{TASK_LIST_LIMIT}",
         "list_minus": -TASK_LIST_LIMIT,
-        "arms": [_arm_display(arm) for arm in result.arms],
+        "arms": [_arm_display(arm, result.max_k) for arm in result.arms],
         "k_range": range(1, result.max_k + 1),
+        "k_tables": [("pass@k", "at"), ("pass^k", "hat")],
         "heatmap": heatmap,
         "heat_rows": _heat_rows(heatmap, result.arms),
         "charts": _charts(result),
@@ -187,18 +188,20 @@ def _csv_safe(value):
     return value
 
 
-def _arm_display(arm: comparison.ArmSummary) -> dict:
-    """One summary-table row, formatted (the numbers stay in `arm` for downloads)."""
+def _arm_display(arm: comparison.ArmSummary, max_k: int) -> dict:
+    """One summary-table row, formatted (the numbers stay in `arm` for downloads). pass@k
+    stops at an arm's fewest graded trials of a task: pad so the k columns line up."""
     row = {
         "arm": arm,
         "rate": _pct(arm.pass_rate),
         "interval": f"{_pct(arm.low)} – {_pct(arm.high)}" if arm.low is not None else "",
         "mean_score": f"{arm.mean_score:.3f}" if arm.mean_score is not None else "–",
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
+        "tokens": f"{arm.tokens:,}",
         "cost": f"${arm.cost:,.2f}",
         "cost_per_pass": f"${arm.cost_per_pass:,.4f}" if arm.cost_per_pass is not None else "–",
-        "at_k": [_pct(value) for value in arm.pass_at_k.values()],
-        "hat_k": [_pct(value) for value in arm.pass_hat_k.values()],
+        "at_k": [_pct(arm.pass_at_k.get(k)) for k in range(1, max_k + 1)],
+        "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
     }
     versus = arm.versus
     if versus and versus.tasks:

@@ -36,7 +36,7 @@ from runs_app.models import Run, Trial
 
 # 1,000 resamples: the 95% bounds move by about a tenth of a percentage point between seeds at
 # 1,000 tasks, and the smallest bootstrap p (2/1001) survives a Holm correction over 9 variants.
-# More would double the comparison page's time at 100,000 trials for no visible gain.
+# Each further 1,000 adds about 80 ms to the comparison page at 1,000 tasks × 10 variants.
 ITERATIONS = 1000
 CONFIDENCE = 0.95
 # Below this many paired tasks a bootstrap interval is too narrow to trust (stats docstring).
@@ -45,6 +45,19 @@ FEW_TASKS = 10
 LISTED = 10
 
 PassCount = tuple[int, int]
+# Cell fields that add up when two cells merge.
+SUMMED = ("passed", "failed", "errors", "cancelled", "total", "score_sum", "score_n")
+SUMMED += ("duration_sum", "duration_n", "tokens", "cost", "dataset_rows")
+# Summary CSV column -> Versus attribute.
+VERSUS_COLUMNS = {
+    "paired_tasks": "tasks",
+    "delta": "delta",
+    "delta_low": "low",
+    "delta_high": "high",
+    "test": "test",
+    "p_value": "p_value",
+    "p_holm": "p_holm",
+}
 
 
 @dataclass
@@ -174,8 +187,9 @@ class ArmSummary:
 
     @property
     def mean_cost(self) -> float | None:
-        graded = self.passed + self.failed + self.errors
-        return self.cost / graded if graded else None
+        """Cost per finished trial, whatever its outcome (errors and cancellations cost too)."""
+        finished = self.trials - self.pending
+        return self.cost / finished if finished else None
 
 
 @dataclass
@@ -260,20 +274,10 @@ class Comparison:
                 row[f"pass@{k}"] = arm.pass_at_k.get(k)
                 row[f"pass^{k}"] = arm.pass_hat_k.get(k)
             versus = arm.versus
-            row.update(
-                {
-                    "paired_tasks": versus.tasks if versus else None,
-                    "delta": versus.delta if versus else None,
-                    "delta_low": versus.low if versus else None,
-                    "delta_high": versus.high if versus else None,
-                    "test": versus.test if versus else None,
-                    "p_value": versus.p_value if versus else None,
-                    "p_holm": versus.p_holm if versus else None,
-                    "improved": len(versus.improved) if versus else None,
-                    "regressed": len(versus.regressed) if versus else None,
-                    "flaky": len(arm.flaky),
-                }
-            )
+            row.update({column: getattr(versus, name, None) for column, name in VERSUS_COLUMNS.items()})
+            row["improved"] = len(versus.improved) if versus else None
+            row["regressed"] = len(versus.regressed) if versus else None
+            row["flaky"] = len(arm.flaky)
             rows.append(row)
         return rows
 
@@ -307,7 +311,9 @@ def load(runs: Sequence[Run]) -> ComparisonData:
     digests = {}
     for run_id, variant_id, version_id, cell in rows:
         task_id = versions[version_id]["task_id"]
-        cells[(arm_of[(run_id, variant_id)], task_id)] = cell
+        key = (arm_of[(run_id, variant_id)], task_id)
+        # A run holds one version of each task; should one hold two, they are one task here.
+        cells[key] = _merged(cells[key], cell) if key in cells else cell
         digests[(run_id, task_id)] = versions[version_id]["bundle_id"]
     tasks = sorted(
         {TaskInfo(v["task_id"], v["task__slug"], tuple(v["task__tags"] or ())) for v in versions.values()},
@@ -389,28 +395,37 @@ def _grouped_trials(run_ids: list[int]) -> list[tuple[int, int, int, Cell]]:
     sql, params = query.query.sql_with_params()
     with connections[database].cursor() as cursor:
         cursor.execute(sql, params)
-        return [(row[0], row[1], row[2], _cell(row[3:])) for row in cursor.fetchall()]
+        return [(*row[:3], _cell(dict(zip(aggregates, row[3:], strict=True)))) for row in cursor.fetchall()]
 
 
-def _cell(values: tuple) -> Cell:
-    (total, passed, failed, errors, cancelled, score_sum, score_n, duration_sum, duration_n) = values[:9]
-    tokens, cost, first_trial_id, fingerprint_min, fingerprint_max, dataset_rows = values[9:]
+def _cell(values: dict[str, Any]) -> Cell:
     return Cell(
-        passed=passed,
-        failed=failed,
-        errors=errors,
-        cancelled=cancelled,
-        total=total,
-        score_sum=float(score_sum or 0.0),
-        score_n=score_n,
-        duration_sum=float(duration_sum or 0.0),
-        duration_n=duration_n,
+        passed=values["passed"],
+        failed=values["failed"],
+        errors=values["errors"],
+        cancelled=values["cancelled"],
+        total=values["total"],
+        score_sum=float(values["score_sum"] or 0.0),
+        score_n=values["score_n"],
+        duration_sum=float(values["duration_sum"] or 0.0),
+        duration_n=values["duration_n"],
         # PostgreSQL sums bigints as numeric: Decimal, not int.
-        tokens=int(tokens or 0),
-        cost=float(cost or 0.0),
-        first_trial_id=first_trial_id,
-        fingerprints=(fingerprint_min or "", fingerprint_max or ""),
-        dataset_rows=dataset_rows,
+        tokens=int(values["tokens"] or 0),
+        cost=float(values["cost"] or 0.0),
+        first_trial_id=values["first_trial_id"],
+        fingerprints=(values["fingerprint_min"] or "", values["fingerprint_max"] or ""),
+        dataset_rows=values["dataset_rows"],
+    )
+
+
+def _merged(first: Cell, second: Cell) -> Cell:
+    return Cell(
+        **{name: getattr(first, name) + getattr(second, name) for name in SUMMED},
+        first_trial_id=min(first.first_trial_id, second.first_trial_id),
+        fingerprints=(
+            min(first.fingerprints[0], second.fingerprints[0]),
+            max(first.fingerprints[1], second.fingerprints[1]),
+        ),
     )
 
 
@@ -448,7 +463,8 @@ def compare(
     1. Keep the tasks carrying any of `tags` (all tasks when none).
     2. repeats = the most trials of one task in one arm. With one repeat: Wilson intervals,
        McNemar's exact test and Newcombe's paired interval. With more: one bootstrap over tasks
-       for every arm at once (`task_bootstrap`), pass@k and pass^k for k = 1 … repeats.
+       for every arm at once (`task_bootstrap`), pass@k and pass^k for k = 1 … the fewest
+       graded trials of a task in that arm.
     3. Holm-adjust the p-values of every arm that shares a graded task with the baseline.
     """
     keys = [arm.key for arm in data.arms]
@@ -497,14 +513,8 @@ def _intervals(counts, arms: int, base: int, repeats: int, iterations: int, seed
 def _summary(arm: Arm, i: int, tasks, matrix, counts, interval, repeats: int) -> ArmSummary:
     present = [(task, row[i]) for task, row in zip(tasks, matrix, strict=True) if row[i] is not None]
     cells = [cell for _, cell in present]
-    passed, failed = sum(c.passed for c in cells), sum(c.failed for c in cells)
-    total, errors, cancelled = (
-        sum(c.total for c in cells),
-        sum(c.errors for c in cells),
-        sum(c.cancelled for c in cells),
-    )
-    score_n = sum(c.score_n for c in cells)
-    cost = math.fsum(c.cost for c in cells)
+    passed, failed, errors, cancelled, total = (_sum(cells, name) for name in SUMMED[:5])
+    score_n, cost = _sum(cells, "score_n"), math.fsum(c.cost for c in cells)
     durations = [c.mean_duration for c in cells if c.duration_n]
     at_k, hat_k = _k_curves([row[i] for row in counts]) if repeats > 1 else ({}, {})
     return ArmSummary(
@@ -527,7 +537,7 @@ def _summary(arm: Arm, i: int, tasks, matrix, counts, interval, repeats: int) ->
         median_duration=statistics.median(durations) if durations else None,
         pass_at_k=at_k,
         pass_hat_k=hat_k,
-        tokens=sum(c.tokens for c in cells),
+        tokens=_sum(cells, "tokens"),
         cost=cost,
         cost_per_pass=cost / passed if passed else None,
         flaky=[task.slug for task, c in present if c.n >= 2 and 0 < c.passed < c.n],
@@ -536,6 +546,10 @@ def _summary(arm: Arm, i: int, tasks, matrix, counts, interval, repeats: int) ->
             task.slug for task, c in present if c.fingerprints[0] != c.fingerprints[1] and not c.dataset_rows
         ],
     )
+
+
+def _sum(cells: list[Cell], name: str) -> int:
+    return sum(getattr(cell, name) for cell in cells)
 
 
 def _k_curves(counts: list[PassCount]) -> tuple[dict[int, float], dict[int, float]]:

@@ -13,7 +13,6 @@ Plain Python around the pure modules (workspace, sandbox, agents, criteria); the
 6. Persist everything in one transaction, conditional on still holding the lease.
 """
 
-import json
 import logging
 import os
 import shutil
@@ -575,13 +574,13 @@ class TrialExecution:
             "cost_usd": usage.cost_usd or 0.0,
             "turns": usage.turns,
             "error_category": outcome.error_category,
-            "error_message": outcome.error_message,
+            "error_message": _redact(outcome.error_message, self.secret_values),
             "timed_out": outcome.timed_out,
             "budget_exceeded": outcome.budget_exceeded,
             "agent_exit_code": outcome.exit_code,
             "agent_stdout": outcome.stdout,
             "agent_stderr": outcome.stderr,
-            "diff": outcome.diff,
+            "diff": _redact(outcome.diff, self.secret_values),
             "diff_truncated": outcome.diff_truncated,
             "artifact": outcome.artifact,
         }
@@ -610,9 +609,14 @@ class TrialExecution:
 
 
 def _redact(value: Any, secrets: list[str]) -> Any:
-    """Secret values never reach the database: not in events, output or criterion details."""
-    if not secrets:
-        return value
+    """What an agent wrote, made safe to store: secret values replaced (they never reach the
+    database: not in events, output or criterion details) and NUL characters, which PostgreSQL
+    text cannot hold, replaced by U+FFFD."""
     if isinstance(value, str):
-        return sandbox.redact(value, secrets)
-    return json.loads(sandbox.redact(json.dumps(value), secrets))
+        value = value.replace("\x00", "\ufffd")
+        return sandbox.redact(value, secrets) if secrets else value
+    if isinstance(value, dict):
+        return {_redact(key, secrets): _redact(item, secrets) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(item, secrets) for item in value]
+    return value

@@ -351,6 +351,21 @@ def test_it_lists_the_current_trials_as_flat_rows():
     assert [r["task"] for r in only_b] == ["b"]
 
 
+def test_it_counts_two_versions_of_a_task_in_one_run_as_one_task():
+    run = make_run(make_experiment(), {"a": {"base": "P"}})
+    Trial.objects.create(
+        run=run,
+        task_version=task_version("a", content="v2"),
+        variant=Variant.objects.get(slug="base"),
+        status=Trial.Status.FAILED,
+        config_fingerprint="other",
+    )
+    result = comparison.compare_runs([run])
+    (row,) = result.rows
+    assert (row.cells[0].passed, row.cells[0].n, row.cells[0].total) == (1, 2, 2)
+    assert arm(result, "base").not_comparable == ["a"]
+
+
 def test_it_leaves_replaced_attempts_out():
     run = make_run(make_experiment(), {"a": {"base": "FP"}})
     Trial.objects.filter(run=run, replicate=0).update(is_latest=False)

@@ -248,7 +248,7 @@ def test_hostile_agents_end_bounded_and_recorded(tmp_path, celery_worker_process
         for t in Trial.objects.filter(run=run).select_related("task_version__task")
     }
     assert trials["loop"].timed_out and trials["loop"].status == "failed"
-    assert trials["flood"].status == "passed"
+    assert trials["flood"].status == "passed", (trials["flood"].error_category, trials["flood"].error_message)
     assert len(trials["flood"].agent_stdout) <= settings.AGENT_OUTPUT_CAP_BYTES
     assert trials["home"].status == "passed"
     assert not Path("/root/note.txt").exists() and not (Path.home() / "note.txt").exists()

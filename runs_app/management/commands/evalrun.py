@@ -6,6 +6,7 @@ and writes the requested reports. Exit codes: 0 every trial passed and every gat
 trial failed or errored, a gate failed or the run was cancelled, 2 bad input; 130 on Ctrl-C.
 """
 
+import json
 import logging
 import signal
 import sys
@@ -93,7 +94,10 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"--{name.replace('_', '-')} must be at least 1", returncode=EXIT_BAD_INPUT
                 )
-        run, first_event = self._start(options)
+        try:
+            run, first_event = self._start(options)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)  # while importing or launching: no run to follow yet
         url = settings.SITE_URL + run.get_absolute_url()
         self.stdout.write(f"run {run.pk}: {url}")
         if options["no_wait"]:
@@ -231,7 +235,8 @@ class Command(BaseCommand):
         else:
             count = control.retry_errors(run)
             self.stdout.write(f"retrying run {run.pk}: {count} errored trial(s)")
-        run.refresh_from_db()
+        # With nothing left to run no trial will end, so no worker would finish the run: do it here.
+        run = control.refresh_run(run.pk)
         return run, first_event
 
     # --- following --------------------------------------------------------------------------
@@ -381,6 +386,9 @@ class _EventPrinter:
         if event.kind == TrialEvent.Kind.PHASE:
             extra = " ".join(f"{k}={v}" for k, v in data.items() if k != "phase" and v not in ("", None))
             return f"phase {data.get('phase', '?')}{' ' + extra if extra else ''}"
-        text = data.get("text") or data.get("message") or data.get("name") or data
+        if event.kind == TrialEvent.Kind.TOOL_CALL:
+            text = f"{data.get('name', '?')} {json.dumps(data.get('input'), default=str)}"
+        else:
+            text = data.get("text") or data.get("message") or json.dumps(data, default=str)
         text = " ".join(str(text).split())
         return f"{event.kind} {text[:300]}"
