@@ -97,6 +97,17 @@ def worker_environment() -> dict[str, str]:
     return env
 
 
+_STARTED_WORKERS: list["WorkerProcess"] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test():
+    """A worker left running would consume the next test's messages with this test's settings."""
+    yield
+    while _STARTED_WORKERS:
+        _STARTED_WORKERS.pop().kill()
+
+
 class WorkerProcess:
     """A `celery worker` subprocess; tests may kill it and start another."""
 
@@ -111,6 +122,7 @@ class WorkerProcess:
         self.log_path: Path | None = None
 
     def start(self) -> "WorkerProcess":
+        _STARTED_WORKERS.append(self)
         self.log_path = self.log_dir / f"worker-{uuid.uuid4().hex[:8]}.log"
         name = f"test-{uuid.uuid4().hex[:8]}@%h"
         self.proc = subprocess.Popen(

@@ -58,6 +58,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
     baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
     layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
     layout["xaxis"] = {"tickformat": "+.0%", "zeroline": False, "title": {"text": "Δ pass rate"}}
+    layout["yaxis"] = {"automargin": True}  # room for long variant names
     layout["shapes"] = [
         {
             "type": "line",
@@ -82,6 +83,7 @@ def cost_figure(comparison: Comparison) -> dict[str, Any]:
         "y": [arm.pass_rate for arm in arms],
         "text": [escape(arm.label) for arm in arms],
         "textposition": "top center",
+        "cliponaxis": False,  # labels of points at the axis edge stay whole
         "error_y": _error_bars(arms, "pass_rate", "low", "high"),
         "marker": {"size": 10, "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
         "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<extra></extra>",

@@ -21,7 +21,7 @@ from experiments_app.models import Experiment
 from runs_app import charts, comparison
 from runs_app.models import Run
 
-HEATMAP_PAGE = 100  # tasks per heat-map page: 1,000 cells at 10 variants
+HEATMAP_PAGE = 50  # tasks per heat-map page: 500 cells at 10 variants, about a screen
 TASK_LIST_LIMIT = 50  # improved / regressed / flaky tasks listed per variant on the page
 MAX_RUNS = 10
 DEFAULT_RUNS = 2
@@ -108,29 +108,27 @@ def _comparison_response(
     result = comparison.compare(data, baseline=options.get("baseline") or None, tags=tags)
     if options.get("format") in ("csv", "json"):
         return _summary_download(result, options["format"], stem)
-    heatmap = Paginator(result.rows, HEATMAP_PAGE).get_page(options.get("page"))
-    context = {
-        "experiment": experiment,
-        "runs": runs,
-        "run": runs[0] if run_form is None else None,
-        "form": form,
-        "run_form": run_form,
+    context = _page_context(result, options.get("page"))
+    context.update(experiment=experiment, runs=runs, form=form, run_form=run_form)
+    context["run"] = runs[0] if run_form is None else None
+    if request.htmx and request.htmx.target == "heatmap":
+        return render(request, "runs/compare.html#heatmap", context)
+    return render(request, "runs/compare.html", context)
+
+
+def _page_context(result: comparison.Comparison, page: int | None) -> dict:
+    heatmap = Paginator(result.rows, HEATMAP_PAGE).get_page(page)
+    return {
         "comparison": result,
         "confidence": round(result.confidence * 100),
-        "list_limit": TASK_LIST_LIMIT,
-        "list_cap": f":{TASK_LIST_LIMIT}",
-        "list_minus": -TASK_LIST_LIMIT,
         "arms": [_arm_display(arm, result.max_k) for arm in result.arms],
         "k_range": range(1, result.max_k + 1),
         "k_tables": [("pass@k", "at"), ("pass^k", "hat")],
         "heatmap": heatmap,
         "heat_rows": _heat_rows(heatmap, result.arms),
         "charts": _charts(result),
-        "gates": [(run, _gate_rows(run.gate_results)) for run in runs if run.gate_results],
+        "gates": [(run, _gate_rows(run.gate_results)) for run in result.runs if run.gate_results],
     }
-    if request.htmx and request.htmx.target == "heatmap":
-        return render(request, "runs/compare.html#heatmap", context)
-    return render(request, "runs/compare.html", context)
 
 
 def _file_stem(experiment: Experiment, runs: Sequence[Run]) -> str:
@@ -200,6 +198,7 @@ def _arm_display(arm: comparison.ArmSummary, max_k: int) -> dict:
         "tokens": f"{arm.tokens:,}",
         "cost": f"${arm.cost:,.2f}",
         "cost_per_pass": f"${arm.cost_per_pass:,.4f}" if arm.cost_per_pass is not None else "–",
+        "flaky": _capped(arm.flaky),
         "at_k": [_pct(arm.pass_at_k.get(k)) for k in range(1, max_k + 1)],
         "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
     }
@@ -209,7 +208,18 @@ def _arm_display(arm: comparison.ArmSummary, max_k: int) -> dict:
         row["delta_interval"] = f"{versus.low * 100:+.1f} to {versus.high * 100:+.1f}"
         row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
         row["significant"] = versus.p_holm < 0.05
+    row["improved"] = _capped(versus.improved if versus else [])
+    row["regressed"] = _capped(versus.regressed if versus else [])
     return row
+
+
+def _capped(items: list) -> dict:
+    """The first TASK_LIST_LIMIT items, and how many more the page leaves out."""
+    return {
+        "shown": items[:TASK_LIST_LIMIT],
+        "more": max(0, len(items) - TASK_LIST_LIMIT),
+        "count": len(items),
+    }
 
 
 def _pct(value: float | None) -> str:

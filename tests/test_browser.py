@@ -64,6 +64,7 @@ def test_it_sets_up_launches_and_watches_an_experiment(page, live_server, celery
     page.fill("#id_include_tags", "smoke")
     expect(page.locator("#task-count")).to_contain_text("3 tasks match")
     page.fill("#id_run_limits", "task_timeout: 60")
+    page.fill("#id_max_parallel", "1")  # one trial at a time: the run lasts long enough to watch
     _fill_variant(page, 0, "reference", "oracle")
     _fill_variant(page, 1, "no-op", "none")
     page.click("#add-variant")  # a third, left blank: ignored
@@ -75,6 +76,10 @@ def test_it_sets_up_launches_and_watches_an_experiment(page, live_server, celery
     page.click("#launch")
     page.wait_for_url("**/runs/*/")
     page.evaluate("window.__sameDocument = true")
+    page.wait_for_function(  # a state between the first and the last trial, seen live
+        "() => { const p = parseInt(document.querySelector('[data-testid=percent]').textContent);"
+        " return p > 0 && p < 100; }"
+    )
     expect(page.locator('[data-testid="percent"]')).to_have_text("100%", timeout=45_000)
     expect(page.locator("#run-progress")).to_have_attribute("data-status", "finished")
     assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded

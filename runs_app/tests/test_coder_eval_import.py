@@ -185,4 +185,4 @@ def test_it_imports_nothing_when_a_write_fails(monkeypatch):
 
 def test_it_keeps_an_imported_run_out_of_dispatch():
     run = import_run(RUNS / "ab")
-    assert control.dispatch(run.pk) == []
+    assert control.dispatch(run.pk) is None

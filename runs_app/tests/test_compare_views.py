@@ -105,6 +105,20 @@ def test_it_paginates_the_heat_map_and_serves_its_fragment(member_client, run, m
     assert "alpha" in html and "gamma" not in html.split("</table>")[0]
 
 
+def test_it_lists_changed_and_flaky_tasks_up_to_a_limit(member_client, monkeypatch):
+    monkeypatch.setattr(compare_views, "TASK_LIST_LIMIT", 1)
+    outcomes = {
+        "a": {"base": "FF", "new": "PP"},
+        "b": {"base": "FF", "new": "PF"},
+        "c": {"base": "PF", "new": "PF"},
+    }
+    page = member_client.get(compare_url(make_run(make_experiment(), outcomes))).content.decode()
+    assert "new: ↑ 2 improved · ↓ 0 regressed" in page
+    # Largest change first: a (0/2 -> 2/2) shown, b left to "1 more".
+    assert "<li>a <span" in page and "<li>b <span" not in page and "and 1 more" in page
+    assert "base: 1 flaky" in page and "new: 2 flaky" in page
+
+
 def test_it_downloads_the_summary_as_csv_and_json(member_client, run):
     response = member_client.get(compare_url(run, format="csv", table="summary"))
     assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}-summary.csv"'
