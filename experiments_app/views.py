@@ -51,9 +51,12 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = _get_experiment_for_user(request, slug)
     tasks = experiment.selected_tasks()
     task_count = tasks.count()
+    variants = list(experiment.variants.order_by("position", "pk"))
     ctx = {
         "experiment": experiment,
-        "variants": experiment.variants.order_by("position", "pk"),
+        "variants": variants,
+        # Dataset tasks fan out into one trial per row, so this is a lower bound.
+        "trials_per_run": task_count * sum(v.effective_repeats() for v in variants),
         "task_sets": experiment.task_sets.all(),
         "task_count": task_count,
         "task_preview": tasks[:TASK_PREVIEW],

@@ -95,6 +95,7 @@ def test_it_shows_an_experiment_with_its_tasks_variants_and_runs(member_client):
 
     assert response.status_code == 200
     assert response.context["task_count"] == 3
+    assert response.context["trials_per_run"] == 3 * 2  # tasks × variants × one repeat
     assert b"baseline" in response.content
     assert run.get_absolute_url().encode() in response.content
 

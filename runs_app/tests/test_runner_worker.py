@@ -285,3 +285,64 @@ def test_a_redelivered_message_for_a_finished_trial_is_a_no_op(tmp_path):
     trial.refresh_from_db()
     assert (trial.status, trial.score, trial.lease_owner) == ("passed", 1.0, "")
     assert not TrialEvent.objects.filter(trial=trial).exists()
+
+
+def test_it_keeps_artifacts_and_errors_on_a_failing_pre_run(tmp_path, celery_worker_process):
+    import io
+    import tarfile
+
+    from django.core.files.storage import default_storage
+
+    make_task(
+        tmp_path,
+        "setup-fails",
+        "task_id: setup-fails\ninitial_prompt: go\npre_run:\n  - {command: 'echo broken >&2; exit 3'}\n"
+        "success_criteria:\n  - {type: file_exists, path: out.txt}\n",
+    )
+    make_task(tmp_path, "keeps", SMALL_TASK.format(slug="keeps"))
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: art\nvariants:\n  - variant_id: v\n"
+        '    agent: {type: command, command: "echo hi > out.txt"}\n',
+    )
+
+    run = launch_run(experiment, options=LaunchOptions(keep_artifacts=True))
+    wait_for_run(run, timeout=60, worker=celery_worker_process)
+
+    broken = Trial.objects.get(run=run, task_version__task__slug="setup-fails")
+    assert (broken.status, broken.error_category) == ("error", "pre_run")
+    assert "exited with 3" in broken.error_message and "broken" in broken.error_message
+    kept = Trial.objects.get(run=run, task_version__task__slug="keeps")
+    assert kept.status == "passed" and kept.artifact
+    with (
+        default_storage.open(kept.artifact) as handle,
+        tarfile.open(fileobj=io.BytesIO(handle.read())) as tar,
+    ):
+        assert "workspace/out.txt" in tar.getnames()
+    assert "+hi" in kept.diff
+
+
+def test_it_evaluates_dataset_suite_thresholds_when_the_run_ends(tmp_path, celery_worker_process):
+    rows = "\n".join(f"    - {{id: r{i}, ok: '{'yes' if i < 3 else 'no'}'}}" for i in range(4))
+    make_task(
+        tmp_path,
+        "suite",
+        f"task_id: suite\ninitial_prompt: go\ndataset:\n  rows:\n{rows}\n"
+        "success_criteria:\n  - type: run_command\n    command: 'test ${row.ok} = yes'\n"
+        "    suite_thresholds: {mean: 0.7}\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path, "experiment_id: suite\nvariants:\n  - variant_id: v\n    agent: {type: none}\n"
+    )
+
+    run = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+
+    assert Counter(Trial.objects.filter(run=run).values_list("status", flat=True)) == {
+        "passed": 3,
+        "failed": 1,
+    }
+    [suite] = run.suite_results
+    assert (suite["task"], suite["variant"], suite["passed"]) == ("suite", "v", True)
+    assert suite["criteria"][0]["metrics"]["mean"] == pytest.approx(0.75)
