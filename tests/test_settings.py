@@ -72,7 +72,7 @@ def test_it_configures_the_database_and_broker_this_process_was_given():
         options = settings.DATABASES["default"]["OPTIONS"]
         assert options["transaction_mode"] == "IMMEDIATE" and options["timeout"] == 20
     if os.environ.get("CELERY_BROKER_URL"):
-        assert settings.CELERY_BROKER_URL == os.environ["CELERY_BROKER_URL"]
+        assert os.environ["CELERY_BROKER_URL"] == settings.CELERY_BROKER_URL
     else:
         assert settings.CELERY_BROKER_URL == "filesystem://"
         transport = settings.CELERY_BROKER_TRANSPORT_OPTIONS
