@@ -1,7 +1,7 @@
 """Time the comparison page on a run of 100,000 trials, and the run page's per-update cost.
 
 Usage: .venv/bin/python bench/compare_page.py [--tasks 1000] [--variants 10] [--repeats 10]
-       [--requests 20] [--sqlite PATH]
+       [--requests 20] [--row-kb 8] [--proposed-index] [--sqlite PATH]
 
 Generates the run with bulk_create straight into a scratch database: a SQLite file in a temporary
 folder (or PATH with --sqlite, kept and reused on the next call), or DATABASE_URL when set — then
@@ -9,6 +9,11 @@ it must be a scratch database; the script only deletes what it created before (e
 `bench-compare`, tasks `bench-cmp-*`). It then times `requests` GETs of the comparison page through
 Django's test Client (server time: middleware, view, template; no network) and prints median and
 p95 against the 500 ms target, then the cost of one live update of the run page.
+
+Trials carry `--row-kb` KB of resolved config, lineage, prompt, agent output and diff, as real
+ones do: SQLite reads through a row's earlier columns to reach the small ones the comparison
+sums, so lean rows would flatter it. `--proposed-index` adds PROPOSED_INDEX (not in the models
+yet) to the scratch database first, to measure what it buys; without it the script drops it.
 """
 
 import argparse
@@ -27,6 +32,14 @@ sys.path.insert(0, str(ROOT))
 EXPERIMENT = "bench-compare"
 TASK_PREFIX = "bench-cmp-"
 TARGET_MS = 500
+# The covering index proposed for runs_app.Trial (in place of trial_run_variant_task_idx): every
+# column the comparison's GROUP BY reads, so it never touches the wide trial rows.
+PROPOSED_INDEX = "trial_comparison_idx"
+PROPOSED_COLUMNS = (
+    "run_id, is_latest, variant_id, task_version_id, status, score, duration_seconds, input_tokens, "
+    "output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, config_fingerprint, "
+    "dataset_row_id, id"
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -35,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--row-kb", type=int, default=8, help="KB of text per trial (0: lean rows)")
+    parser.add_argument("--proposed-index", action="store_true", help="add PROPOSED_INDEX first")
     parser.add_argument("--sqlite", type=Path, help="keep the SQLite file here and reuse it")
     return parser.parse_args()
 
@@ -51,11 +66,29 @@ def setup_django(sqlite_path: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
-def existing_run(n_trials: int):
+def existing_run(n_trials: int, row_kb: int):
     from runs_app.models import Run
 
     run = Run.objects.filter(experiment__slug=EXPERIMENT).order_by("-pk").first()
-    return run if run is not None and run.n_trials == n_trials else None
+    if run is None or run.n_trials != n_trials or run.config.get("bench_row_kb") != row_kb:
+        return None
+    return run
+
+
+def set_proposed_index(wanted: bool) -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if wanted:
+            cursor.execute(
+                f"CREATE INDEX IF NOT EXISTS {PROPOSED_INDEX} ON runs_app_trial ({PROPOSED_COLUMNS})"
+            )
+        else:
+            cursor.execute(f"DROP INDEX IF EXISTS {PROPOSED_INDEX}")
+        if connection.vendor == "postgresql":
+            # Index-only scans need the visibility map autovacuum keeps.
+            cursor.execute("VACUUM ANALYZE runs_app_trial")
+    return f"with the proposed {PROPOSED_INDEX}" if wanted else "current indexes"
 
 
 def delete_previous() -> None:
@@ -69,7 +102,7 @@ def delete_previous() -> None:
     Bundle.objects.filter(digest__startswith="bench").delete()
 
 
-def generate(tasks: int, variants: int, repeats: int):
+def generate(tasks: int, variants: int, repeats: int, row_kb: int):
     """One finished run: task difficulty and variant skill set each trial's pass chance."""
     from django.db import connection, transaction
     from django.utils import timezone
@@ -114,21 +147,26 @@ def generate(tasks: int, variants: int, repeats: int):
         run = Run.objects.create(
             experiment=experiment,
             status=Run.Status.FINISHED,
-            config={"baseline": arms[0].slug},
+            config={"baseline": arms[0].slug, "bench_row_kb": row_kb},
             finished_at=timezone.now(),
         )
         now = timezone.now()
         skills = [rng.uniform(-0.5, 1.0) for _ in arms]
+        payloads = [_payload(rng, row_kb) for _ in range(64)]
         trials = []
         for version in versions:
             difficulty = rng.gauss(0.0, 1.5)
             for arm, skill in zip(arms, skills, strict=True):
                 fingerprint = hashlib.sha256(f"{version.pk}/{arm.pk}".encode()).hexdigest()
                 for replicate in range(repeats):
-                    trials.append(
-                        _trial(rng, run, version, arm, replicate, skill - difficulty, fingerprint, now)
-                    )
-        Trial.objects.bulk_create(trials, batch_size=2000)
+                    trial = _trial(rng, run, version, arm, replicate, skill - difficulty, fingerprint, now)
+                    for name, value in rng.choice(payloads).items():
+                        setattr(trial, name, value)
+                    trials.append(trial)
+            if len(trials) >= 10_000:
+                Trial.objects.bulk_create(trials, batch_size=1000)
+                trials = []
+        Trial.objects.bulk_create(trials, batch_size=1000)
         run.refresh_counts()
     if connection.vendor == "postgresql":
         # What autovacuum does within a minute of a bulk load: without statistics the planner
@@ -136,6 +174,22 @@ def generate(tasks: int, variants: int, repeats: int):
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
     return run
+
+
+def _payload(rng: random.Random, row_kb: int) -> dict:
+    """Random text in a real trial's proportions: config 30%, lineage 5%, prompt 10%, agent
+    output 40%, diff 15%. A few dozen are shared by all trials to keep generation quick."""
+
+    def text(share: float) -> str:
+        return rng.randbytes(int(row_kb * 1024 * share) // 2).hex()
+
+    return {
+        "config": {"agent": {"type": "claude-code"}, "initial_prompt": text(0.3)},
+        "lineage": {"agent.type": text(0.05)},
+        "prompt": text(0.1),
+        "agent_stdout": text(0.4),
+        "diff": text(0.15),
+    }
 
 
 def _trial(rng, run, version, variant, replicate, logit, fingerprint, now):
@@ -238,11 +292,14 @@ def main() -> None:
         from django.urls import reverse
 
         n_trials = args.tasks * args.variants * args.repeats
-        run = existing_run(n_trials)
+        run = existing_run(n_trials, args.row_kb)
         if run is None:
             started = time.perf_counter()
-            run = generate(args.tasks, args.variants, args.repeats)
-            print(f"generated {n_trials} trials in {time.perf_counter() - started:.1f} s")
+            run = generate(args.tasks, args.variants, args.repeats, args.row_kb)
+            print(
+                f"generated {n_trials} trials of ~{args.row_kb} KB in {time.perf_counter() - started:.1f} s"
+            )
+        indexes = set_proposed_index(args.proposed_index)
         url = reverse("run_compare", args=[run.pk])
         time_requests(url, 1)  # warm-up: imports, template compilation, database caches
         cpu: list[float] = []
@@ -253,7 +310,8 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} CPUs, load average {load} (other work slows every figure below)")
         print(
             f"comparison page, {n_trials} trials ({args.variants} variants x {args.tasks} tasks x "
-            f"{args.repeats} repeats, {backend}), {args.requests} requests: median "
+            f"{args.repeats} repeats, ~{args.row_kb} KB rows, {backend}, {indexes}), "
+            f"{args.requests} requests: median "
             f"{statistics.median(timings):.0f} ms, p95 {p95(timings):.0f} ms "
             f"(target p95 <= {TARGET_MS} ms: {verdict})"
         )

@@ -88,12 +88,13 @@ def main() -> None:
         print(f"runner overhead bench: {database} + {broker} broker, 1 worker with 2 pool processes")
 
         for n in sizes:
-            log = open(tmp_path / f"worker-{n}.log", "w")
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "evalsite", "worker", "-c", "2", "--loglevel=WARNING",
-                 "--without-gossip", "--without-mingle", "-n", f"bench-{n}@%h"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+            log_path = tmp_path / f"worker-{n}.log"
+            with log_path.open("w") as log:
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "evalsite", "worker", "-c", "2",
+                     "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"bench-{n}@%h"],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
             try:
                 time.sleep(3)  # let the worker connect before the clock starts
                 started = time.perf_counter()
@@ -106,7 +107,7 @@ def main() -> None:
                 os.killpg(worker.pid, 9)
                 worker.wait()
             run.refresh_from_db()
-            assert run.n_passed == n, f"only {run.n_passed}/{n} trials passed: see {log.name}"
+            assert run.n_passed == n, f"only {run.n_passed}/{n} trials passed: see {log_path}"
             overheads = []
             process_seconds = dict(
                 TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="finished").values_list(

@@ -148,6 +148,8 @@ def resume_run(run: Run) -> int:
         pending = Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.QUEUED).count()
         _reopen(run)
     dispatch(run.pk)
+    # With nothing left to run no trial will end to finish the run: finish it here.
+    refresh_run(run.pk)
     return pending
 
 
