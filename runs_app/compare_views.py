@@ -15,6 +15,7 @@ from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
 from experiments_app.models import Experiment
@@ -45,7 +46,7 @@ class RunSelectionForm(forms.Form):
 class CompareForm(forms.Form):
     baseline = forms.ChoiceField(required=False)
     tag = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="Tags")
-    page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    page = forms.IntegerField(required=False, min_value=1)  # heat-map page; "Apply" resets it
     format = forms.ChoiceField(required=False, choices=[("html", "HTML"), ("csv", "CSV"), ("json", "JSON")])
     table = forms.ChoiceField(required=False, choices=[("summary", "summary"), ("trials", "trials")])
 
@@ -111,9 +112,10 @@ def _comparison_response(
     context = _page_context(result, options.get("page"))
     context.update(experiment=experiment, runs=runs, form=form, run_form=run_form)
     context["run"] = runs[0] if run_form is None else None
-    if request.htmx and request.htmx.target == "heatmap":
-        return render(request, "runs/compare.html#heatmap", context)
-    return render(request, "runs/compare.html", context)
+    fragment = request.htmx and request.htmx.target == "heatmap"
+    response = render(request, "runs/compare.html#heatmap" if fragment else "runs/compare.html", context)
+    patch_vary_headers(response, ["HX-Request", "HX-Target"])
+    return response
 
 
 def _page_context(result: comparison.Comparison, page: int | None) -> dict:

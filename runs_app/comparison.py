@@ -482,7 +482,7 @@ def compare(
     for i, arm in enumerate(arms):
         arm.is_baseline = i == base
         if i != base:
-            arm.versus = _versus(tasks, matrix, counts, base, i, repeats, paired[i])
+            arm.versus = _versus(tasks, counts, base, i, repeats, paired[i])
     _holm(arms)
     return Comparison(
         runs=data.runs,
@@ -574,7 +574,7 @@ def _k_curves(counts: list[PassCount]) -> tuple[dict[int, float], dict[int, floa
     return curves[0], curves[1]
 
 
-def _versus(tasks, matrix, counts, base: int, i: int, repeats: int, paired) -> Versus:
+def _versus(tasks, counts, base: int, i: int, repeats: int, paired) -> Versus:
     both = [j for j, row in enumerate(counts) if row[base][1] and row[i][1]]
     if repeats > 1:
         # No task in common: stats.paired_bootstrap's answer for that case.
@@ -589,12 +589,11 @@ def _versus(tasks, matrix, counts, base: int, i: int, repeats: int, paired) -> V
         test = "McNemar exact"
     versus = Versus(len(both), delta, low, high, p_value, test)
     for j in both:
-        b, v = matrix[j][base], matrix[j][i]
-        change = TaskDelta(tasks[j].slug, f"{b.passed}/{b.n}", f"{v.passed}/{v.n}", v.rate - b.rate)
-        if change.delta > 0:
-            versus.improved.append(change)
-        elif change.delta < 0:
-            versus.regressed.append(change)
+        (base_passes, base_n), (passes, n) = counts[j][base], counts[j][i]
+        change = passes / n - base_passes / base_n
+        if change:
+            listed = versus.improved if change > 0 else versus.regressed
+            listed.append(TaskDelta(tasks[j].slug, f"{base_passes}/{base_n}", f"{passes}/{n}", change))
     versus.improved.sort(key=lambda d: (-d.delta, d.slug))
     versus.regressed.sort(key=lambda d: (d.delta, d.slug))
     return versus

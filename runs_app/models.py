@@ -88,7 +88,9 @@ class TrialQuerySet(models.QuerySet):
 
     def latest(self):
         """The current attempt of each trial slot (retries keep the old rows)."""
-        return self.filter(is_latest=True)
+        # `__in` keeps the column in the WHERE clause on SQLite (a bare `is_latest` test cannot
+        # use trial_comparison_idx).
+        return self.filter(is_latest__in=[True])
 
     def finished(self):
         return self.filter(status__in=Trial.FINAL_STATUSES)
@@ -159,10 +161,28 @@ class Trial(models.Model):
         indexes = [
             # Run page counts and dispatch: trials of a run by status.
             models.Index(fields=["run", "status"], name="trial_run_status_idx"),
-            # Comparison: current attempts of a run grouped by variant and task.
+            # Comparison and run-page aggregates per (run, variant, task), read from the index
+            # alone: trial rows carry KBs of config, transcript and diff that SQLite would read.
             models.Index(
-                fields=["run", "is_latest", "variant", "task_version"], name="trial_run_variant_task_idx"
-            ),
+                fields=[
+                    "run",
+                    "is_latest",
+                    "variant",
+                    "task_version",
+                    "status",
+                    "score",
+                    "duration_seconds",
+                    "input_tokens",
+                    "output_tokens",
+                    "cache_read_tokens",
+                    "cache_creation_tokens",
+                    "cost_usd",
+                    "config_fingerprint",
+                    "dataset_row_id",
+                    "id",
+                ],
+                name="trial_comparison_idx",
+            ),  # fmt: skip
             # Reaper: running trials whose lease expired.
             models.Index(fields=["status", "lease_expires_at"], name="trial_status_lease_idx"),
             # Run page trial table, newest finished first.

@@ -102,6 +102,7 @@ def test_it_paginates_the_heat_map_and_serves_its_fragment(member_client, run, m
     )
     html = fragment.content.decode()
     assert html.lstrip().startswith('<div id="heatmap">') and "<html" not in html
+    assert "HX-Request" in fragment["Vary"]
     assert "alpha" in html and "gamma" not in html.split("</table>")[0]
 
 
@@ -150,12 +151,14 @@ def test_it_keeps_formulas_out_of_csv_cells(member_client):
     assert row["dataset_row"] == "'=HYPERLINK(1)"
 
 
-def test_it_compares_several_runs_of_an_experiment(member_client):
+def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_num_queries):
     experiment = make_experiment()
     old = make_run(experiment, REPEATS, baseline="base")
     new = make_run(experiment, REPEATS, content={"a": "v2"})
     url = reverse("experiment_compare", args=[experiment.slug])
-    response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
+    # Session, user, experiment, runs, grouped trials, task versions, variants.
+    with django_assert_num_queries(7):
+        response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
     assert response.status_code == 200
     comparison = response.context["comparison"]
     assert [arm.key for arm in comparison.arms][1:3] == [f"new@{old.pk}", f"base@{new.pk}"]

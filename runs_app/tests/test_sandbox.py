@@ -403,7 +403,8 @@ def test_it_caps_processes_when_the_worker_is_not_root(base):
     )
 
     outcome = json.loads(result.stdout)
-    assert 5 <= outcome["report"]["started"] <= 20, result.stderr
+    # Zombies of earlier nobody processes still count against the cap until init reaps them.
+    assert 1 <= outcome["report"]["started"] <= 20, result.stderr
     assert all(dead(pid) for pid in outcome["report"]["pids"])
 
 
