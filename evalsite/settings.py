@@ -212,6 +212,7 @@ STATICFILES_FINDERS = [
     "runs_app.plotly_static.PlotlyFinder",
 ]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns at start-up when it is missing
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
 STORAGES = {
