@@ -12,8 +12,10 @@ Schema: /api/openapi.json; interactive docs: /api/docs.
 import csv
 from collections.abc import Iterator
 from datetime import datetime
+from functools import wraps
 from typing import Annotated, Any, Literal
 
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
@@ -78,12 +80,27 @@ class TokenAuth(HttpBearer):
         return found.user
 
 
+def _docs_for_members(view: Any) -> Any:
+    """The interactive docs are a page like any other: sign-in required. The schema itself
+    (/api/openapi.json) describes endpoints, never data, and stays at a stable public URL for
+    pipelines and code generators; every endpoint it lists still needs a token."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.path.endswith(".json") or request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        return redirect_to_login(request.get_full_path())
+
+    return wrapper
+
+
 api = NinjaAPI(
     title="evalsite API",
     version="1",
     description=__doc__,
     urls_namespace="api",
     auth=TokenAuth(),
+    docs_decorator=_docs_for_members,
 )
 
 

@@ -265,4 +265,11 @@ def test_it_serves_a_valid_openapi_schema_and_docs(client):
     assert {"/api/experiments/{slug}/runs", "/api/runs/{run_id}/trials"} <= set(schema["paths"])
     assert "bearer" in json.dumps(schema["components"]["securitySchemes"]).lower()
     schemathesis.openapi.from_dict(schema).validate()  # raises on a schema that breaks the OpenAPI spec
+
+
+def test_it_shows_the_api_docs_only_to_signed_in_people(client, member):
+    anonymous = client.get("/api/docs")
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/login/")
+
+    client.force_login(member)
     assert client.get("/api/docs").status_code == 200
