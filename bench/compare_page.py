@@ -1,7 +1,7 @@
 """Time the comparison page on a run of 100,000 trials, and the run page's per-update cost.
 
 Usage: .venv/bin/python bench/compare_page.py [--tasks 1000] [--variants 10] [--repeats 10]
-       [--requests 20] [--row-kb 8] [--proposed-index] [--sqlite PATH]
+       [--requests 20] [--row-kb 8] [--sqlite PATH]
 
 Generates the run with bulk_create straight into a scratch database: a SQLite file in a temporary
 folder (or PATH with --sqlite, kept and reused on the next call), or DATABASE_URL when set — then
@@ -12,8 +12,8 @@ p95 against the 500 ms target, then the cost of one live update of the run page.
 
 Trials carry `--row-kb` KB of resolved config, lineage, prompt, agent output and diff, as real
 ones do: SQLite reads through a row's earlier columns to reach the small ones the comparison
-sums, so lean rows would flatter it. `--proposed-index` adds PROPOSED_INDEX (not in the models
-yet) to the scratch database first, to measure what it buys; without it the script drops it.
+sums, so lean rows would flatter it (the covering index trial_comparison_idx is what keeps the
+comparison off the wide rows).
 """
 
 import argparse
@@ -32,14 +32,6 @@ sys.path.insert(0, str(ROOT))
 EXPERIMENT = "bench-compare"
 TASK_PREFIX = "bench-cmp-"
 TARGET_MS = 500
-# The covering index proposed for runs_app.Trial (in place of trial_run_variant_task_idx): every
-# column the comparison's GROUP BY reads, so it never touches the wide trial rows.
-PROPOSED_INDEX = "trial_comparison_idx"
-PROPOSED_COLUMNS = (
-    "run_id, is_latest, variant_id, task_version_id, status, score, duration_seconds, input_tokens, "
-    "output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, config_fingerprint, "
-    "dataset_row_id, id"
-)
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,7 +41,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--row-kb", type=int, default=8, help="KB of text per trial (0: lean rows)")
-    parser.add_argument("--proposed-index", action="store_true", help="add PROPOSED_INDEX first")
     parser.add_argument("--sqlite", type=Path, help="keep the SQLite file here and reuse it")
     return parser.parse_args()
 
@@ -75,20 +66,13 @@ def existing_run(n_trials: int, row_kb: int):
     return run
 
 
-def set_proposed_index(wanted: bool) -> str:
+def analyze() -> None:
     from django.db import connection
 
-    with connection.cursor() as cursor:
-        if wanted:
-            cursor.execute(
-                f"CREATE INDEX IF NOT EXISTS {PROPOSED_INDEX} ON runs_app_trial ({PROPOSED_COLUMNS})"
-            )
-        else:
-            cursor.execute(f"DROP INDEX IF EXISTS {PROPOSED_INDEX}")
-        if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
             # Index-only scans need the visibility map autovacuum keeps.
             cursor.execute("VACUUM ANALYZE runs_app_trial")
-    return f"with the proposed {PROPOSED_INDEX}" if wanted else "current indexes"
 
 
 def delete_previous() -> None:
@@ -299,7 +283,7 @@ def main() -> None:
             print(
                 f"generated {n_trials} trials of ~{args.row_kb} KB in {time.perf_counter() - started:.1f} s"
             )
-        indexes = set_proposed_index(args.proposed_index)
+        analyze()
         url = reverse("run_compare", args=[run.pk])
         time_requests(url, 1)  # warm-up: imports, template compilation, database caches
         cpu: list[float] = []
@@ -310,7 +294,7 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} CPUs, load average {load} (other work slows every figure below)")
         print(
             f"comparison page, {n_trials} trials ({args.variants} variants x {args.tasks} tasks x "
-            f"{args.repeats} repeats, ~{args.row_kb} KB rows, {backend}, {indexes}), "
+            f"{args.repeats} repeats, ~{args.row_kb} KB rows, {backend}), "
             f"{args.requests} requests: median "
             f"{statistics.median(timings):.0f} ms, p95 {p95(timings):.0f} ms "
             f"(target p95 <= {TARGET_MS} ms: {verdict})"
