@@ -15,7 +15,6 @@ exported and re-imported) gives the same bundle digest.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -24,22 +23,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .bundles import DEFAULT_MAX_BYTES, Bundle, BundleTooLarge, make_bundle, too_large_message
-from .specs import (
-    CRITERION_TYPES,
-    ROW_ID_RE,
-    ROW_VAR_RE,
-    TASK_DIR_TOKEN,
-    UNION_TAGS,
-    AgentSpec,
-    ExperimentSpec,
-    SpecError,
-    TaskSpec,
-    TemplateDirSource,
+from .specs import ROW_ID_RE, ROW_VAR_RE, TASK_DIR_TOKEN, ExperimentSpec, TaskSpec, TemplateDirSource
+from .yaml_errors import (
+    Doc,
+    Loc,
+    Root,
+    SpecIssue,
+    field_name,
+    inside,
+    locate,
+    parse_yaml,
+    unknown_key_warnings,
+    validation_issues,
 )
+
+# YAML parsing and error location live in yaml_errors; Loc and SpecIssue stay importable here.
+__all__ = [
+    "IGNORED_NAMES",
+    "IGNORED_SUFFIXES",
+    "WINDOWS_DRIVE",
+    "YAML_SUFFIXES",
+    "ExperimentLoadResult",
+    "Loc",
+    "LoadedExperiment",
+    "LoadedTask",
+    "SpecIssue",
+    "TaskLoadResult",
+    "load_experiment",
+    "load_tasks",
+]
 
 YAML_SUFFIXES = (".yaml", ".yml")
 # Never part of a bundle: caches and VCS data that change without the task changing.
@@ -57,24 +72,8 @@ IGNORED_NAMES = frozenset(
     }
 )
 IGNORED_SUFFIXES = (".pyc", ".pyo")
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster when present
 
 WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
-
-Loc = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class SpecIssue:
-    file: str
-    line: int | None
-    field: str
-    message: str
-    severity: Literal["error", "warning"] = "error"
-
-    def __str__(self) -> str:
-        where = self.file if self.line is None else f"{self.file}:{self.line}"
-        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
 
 
 @dataclass
@@ -128,26 +127,7 @@ class ExperimentLoadResult:
         return not self.errors and self.experiment is not None
 
 
-# --- roots and files ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Root:
-    display: Path  # as the caller wrote it, for messages
-    abs: str
-    real: str
-
-    @classmethod
-    def of(cls, path: Path) -> _Root:
-        return cls(path, os.path.abspath(path), os.path.realpath(path))
-
-    def shown(self, abs_path: str) -> str:
-        """How a file is named in messages: under the root as the caller wrote it."""
-        return str(self.display / os.path.relpath(abs_path, self.abs))
-
-
-def _inside(parent: str, child: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+# --- files -------------------------------------------------------------------------------------
 
 
 def _ignored(name: str) -> bool:
@@ -173,205 +153,6 @@ class _Files:
             with open(abs_path, "rb") as fh:
                 self._cache[abs_path] = fh.read()
         return self._cache[abs_path]
-
-
-# --- YAML parsing and line lookup ------------------------------------------------------------
-
-
-@dataclass
-class _Doc:
-    shown: str
-    abs: str
-    root: _Root
-    raw: bytes
-    text: str
-    node: yaml.Node | None
-    data: Any
-
-    def issue(self, loc: Loc, message: str, severity: str = "error") -> SpecIssue:
-        line, path, _ = _locate(self.node, loc)
-        return SpecIssue(self.shown, line, _field_name(path), message, severity)  # type: ignore[arg-type]
-
-
-def _parse(path: Path, root: _Root) -> tuple[_Doc | None, SpecIssue | None]:
-    abs_path = os.path.abspath(path)
-    shown = root.shown(abs_path) if _inside(root.abs, abs_path) else str(path)
-    if not _inside(root.real, os.path.realpath(path)):
-        return None, SpecIssue(shown, None, "", "is a symlink whose target leaves the folder being imported")
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, SpecIssue(shown, None, "", f"cannot read the file: {exc}")
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        duplicate = _duplicate_key(node)
-        if duplicate:
-            return None, SpecIssue(shown, duplicate[0], "", f"duplicate key {duplicate[1]!r} in a mapping")
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        return None, _syntax_issue(shown, exc)
-    except yaml.YAMLError as exc:
-        return None, SpecIssue(shown, None, "", f"invalid YAML: {exc}")
-    finally:
-        loader.dispose()
-    return _Doc(shown, abs_path, root, raw, text, node, data), None
-
-
-def _syntax_issue(shown: str, exc: yaml.MarkedYAMLError) -> SpecIssue:
-    mark, start = exc.problem_mark or exc.context_mark, exc.context_mark
-    detail = " ".join(str(part) for part in (exc.context, exc.problem) if part)
-    if mark and start and start.line != mark.line:
-        # An unclosed bracket is noticed lines later; say where the construct began.
-        detail += f" (the construct began on line {start.line + 1})"
-    return SpecIssue(shown, mark.line + 1 if mark else None, "", f"invalid YAML: {detail}")
-
-
-def _duplicate_key(node: yaml.Node | None) -> tuple[int, str] | None:
-    """PyYAML silently keeps the last of two equal keys; a typo-duplicate would hide a field."""
-    stack = [node] if node is not None else []
-    while stack:
-        current = stack.pop()
-        if isinstance(current, yaml.MappingNode):
-            seen = set()
-            for key, value in current.value:
-                if isinstance(key, yaml.ScalarNode) and key.value != "<<":
-                    if key.value in seen:
-                        return key.start_mark.line + 1, key.value
-                    seen.add(key.value)
-                stack.append(value)
-        elif isinstance(current, yaml.SequenceNode):
-            stack.extend(current.value)
-    return None
-
-
-def _locate(node: yaml.Node | None, loc: Loc) -> tuple[int | None, list[str | int], yaml.Node | None]:
-    """Follow an error location through the YAML nodes: (line, field path, deepest node).
-
-    Parts that are union tags (pydantic adds the criterion type to locations) are skipped;
-    a part missing from the YAML (a required field) stays in the path, at its parent's line.
-    """
-    line = node.start_mark.line + 1 if node is not None else None
-    path: list[str | int] = []
-    matching = True
-    for part in loc:
-        child = None
-        if matching and isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                    child, line = value, key.start_mark.line + 1
-        elif (
-            matching
-            and isinstance(node, yaml.SequenceNode)
-            and isinstance(part, int)
-            and part < len(node.value)
-        ):
-            child = node.value[part]
-            line = child.start_mark.line + 1
-        if child is not None:
-            node = child
-            path.append(part)
-        elif part not in UNION_TAGS:
-            path.append(part)
-            matching = False
-    return line, path, node
-
-
-def _field_name(path: list[str | int] | Loc) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-# --- validation errors -> issues ---------------------------------------------------------------
-
-
-def _validation_issues(doc: _Doc, exc: ValidationError, prefix: Loc = ()) -> list[SpecIssue]:
-    issues = []
-    for err in exc.errors():
-        loc = (*prefix, *err["loc"])
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, SpecError):
-            issues += [doc.issue((*loc, *sub), msg) for sub, msg in cause.issues]
-        else:
-            issues.append(_pydantic_issue(doc, loc, err))
-    return issues
-
-
-def _pydantic_issue(doc: _Doc, loc: Loc, err: Any) -> SpecIssue:
-    line, path, node = _locate(doc.node, loc)
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "missing":
-        message = "required field is missing" + _typo_hint(str(path[-1]) if path else "", node)
-    elif kind == "union_tag_invalid":
-        tag, expected = ctx.get("tag"), ctx.get("expected_tags")
-        message = f"unknown {_union_name(path)} type {tag!r}; expected one of: {expected}"
-    elif kind == "union_tag_not_found":
-        message = f"missing 'type'; expected one of: {', '.join(_union_tags(path))}"
-    elif kind == "too_short":
-        message = f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
-    elif kind == "value_error":
-        message = str(ctx.get("error", err["msg"]))
-    else:
-        message = err["msg"].replace("Input should be", "expected", 1) + f", got {_short(err.get('input'))}"
-    return SpecIssue(doc.shown, line, _field_name(path), message)
-
-
-def _typo_hint(name: str, node: yaml.Node | None) -> str:
-    if not isinstance(node, yaml.MappingNode):
-        return ""
-    keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
-    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
-    return f" (is {close[0]!r} a typo of {name!r}?)" if close else ""
-
-
-def _union_name(path: list[str | int]) -> str:
-    names = [p for p in path if isinstance(p, str)]
-    last = names[-1] if names else ""
-    return {
-        "success_criteria": "criterion",
-        "template_sources": "template source",
-        "prompt_mutations": "prompt mutation",
-    }.get(last, last)
-
-
-def _union_tags(path: list[str | int]) -> tuple[str, ...]:
-    return {
-        "criterion": CRITERION_TYPES,
-        "template source": ("template_dir", "starter_files", "repo"),
-        "prompt mutation": ("prefix", "suffix", "replace", "template"),
-    }.get(_union_name(path), ())
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[str]]]:
-    """(location, known field names) of every kept unknown key; agent options are not unknown."""
-    if model.model_extra and not isinstance(model, AgentSpec):
-        for key in model.model_extra:
-            yield (*loc, key), list(type(model).model_fields)
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            yield from _unknown_keys(value, (*loc, name))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    yield from _unknown_keys(item, (*loc, name, i))
-
-
-def _warnings(doc: _Doc, model: BaseModel, prefix: Loc = ()) -> list[SpecIssue]:
-    issues = []
-    for loc, known in _unknown_keys(model, prefix):
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
-    return issues
 
 
 # --- referenced paths ------------------------------------------------------------------------
@@ -420,7 +201,7 @@ def _layer_refs(layer: Any, prefix: Loc = ()) -> list[_Ref]:
     return refs
 
 
-def _check_ref(doc: _Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
+def _check_ref(doc: Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
     """The absolute (lexical) path of a reference, or the issue that forbids it."""
     raw, root = ref.raw, doc.root
     if not raw.strip():
@@ -428,13 +209,13 @@ def _check_ref(doc: _Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
     if os.path.isabs(raw) or raw.startswith(("~", "\\")) or WINDOWS_DRIVE.match(raw):
         return None, doc.issue(ref.loc, f"absolute path {raw!r}: use a path relative to the YAML's folder")
     target = os.path.normpath(os.path.join(os.path.dirname(doc.abs), raw))
-    if not _inside(root.abs, target):
+    if not inside(root.abs, target):
         return None, doc.issue(ref.loc, f"{raw!r} leaves the folder being imported ({root.display})")
     if not os.path.lexists(target):
         return None, doc.issue(
             ref.loc, f"{ref.kind_name} {raw!r} not found (looked for {root.shown(target)})"
         )
-    if not _inside(root.real, os.path.realpath(target)):
+    if not inside(root.real, os.path.realpath(target)):
         return None, doc.issue(ref.loc, f"{raw!r} is a symlink whose target leaves the folder being imported")
     if ref.kind == "dir" and not os.path.isdir(target):
         return None, doc.issue(ref.loc, f"expected a folder, but {raw!r} is a file")
@@ -443,7 +224,7 @@ def _check_ref(doc: _Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
     return target, None
 
 
-def _dir_files(doc: _Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssue]]:
+def _dir_files(doc: Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssue]]:
     """Every file under a referenced folder, following symlinks that stay inside the root."""
     files, issues, seen = [], [], set()
     stack = [top]
@@ -463,7 +244,7 @@ def _dir_files(doc: _Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssu
                 continue
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
-                if not _inside(doc.root.real, target) or not os.path.exists(target):
+                if not inside(doc.root.real, target) or not os.path.exists(target):
                     shown = doc.root.shown(entry.path)
                     issues.append(doc.issue(ref.loc, f"{shown} is a symlink leaving the imported folder"))
                     continue
@@ -484,7 +265,7 @@ class _Collected:
 
 
 def _collect(
-    doc: _Doc, refs: list[_Ref], reader: _Files, max_bytes: int
+    doc: Doc, refs: list[_Ref], reader: _Files, max_bytes: int
 ) -> tuple[_Collected | None, list[SpecIssue]]:
     issues: list[SpecIssue] = []
     by_ref: dict[Loc, str] = {}
@@ -517,14 +298,14 @@ def _collect(
     return _Collected(files, yaml_key, by_ref), []
 
 
-def _bundle(doc: _Doc, files: dict[str, bytes], max_bytes: int) -> tuple[Bundle | None, SpecIssue | None]:
+def _bundle(doc: Doc, files: dict[str, bytes], max_bytes: int) -> tuple[Bundle | None, SpecIssue | None]:
     try:
         return make_bundle(files, max_bytes), None
     except BundleTooLarge as exc:
         return None, SpecIssue(doc.shown, None, "", str(exc))
 
 
-def _text(doc: _Doc, loc: Loc, path: str, reader: _Files) -> tuple[str, SpecIssue | None]:
+def _text(doc: Doc, loc: Loc, path: str, reader: _Files) -> tuple[str, SpecIssue | None]:
     try:
         return reader.read(path).decode("utf-8").strip(), None
     except UnicodeDecodeError:
@@ -541,17 +322,15 @@ class _RowAt:
     field: str
 
 
-def _dataset(
-    doc: _Doc, spec: TaskSpec, got: _Collected, reader: _Files
-) -> tuple[list[dict], list[SpecIssue]]:
+def _dataset(doc: Doc, spec: TaskSpec, got: _Collected, reader: _Files) -> tuple[list[dict], list[SpecIssue]]:
     dataset = spec.dataset
     assert dataset is not None
     rows: list[tuple[dict, _RowAt]] = []
     issues: list[SpecIssue] = []
     if dataset.rows is not None:
         for i, row in enumerate(dataset.rows):
-            line, path, _ = _locate(doc.node, ("dataset", "rows", i))
-            rows.append((row, _RowAt(doc.shown, line, _field_name(path))))
+            line, path, _ = locate(doc.node, ("dataset", "rows", i))
+            rows.append((row, _RowAt(doc.shown, line, field_name(path))))
     for k in range(len(dataset.paths or [])):
         jsonl = got.by_ref[("dataset", "paths", k)]
         more, problems = _jsonl_rows(doc.root.shown(jsonl), reader.read(jsonl), f"dataset.paths[{k}]")
@@ -631,21 +410,21 @@ def load_tasks(
     inside folders some YAML uses as a template or reference folder (they are bundle content).
     """
     result = TaskLoadResult()
-    docs: dict[str, _Doc] = {}  # by absolute path: overlapping arguments load a file once
+    docs: dict[str, Doc] = {}  # by absolute path: overlapping arguments load a file once
     unparsed: dict[str, SpecIssue] = {}
     for path in map(Path, paths):
-        this_root = _Root.of(root if root is not None else (path if path.is_dir() else path.parent))
+        this_root = Root.of(root if root is not None else (path if path.is_dir() else path.parent))
         if not path.exists():
             result.errors.append(SpecIssue(str(path), None, "", "no such file or folder"))
             continue
-        if not _inside(this_root.abs, os.path.abspath(path)):
+        if not inside(this_root.abs, os.path.abspath(path)):
             result.errors.append(SpecIssue(str(path), None, "", f"is outside the root folder {root}"))
             continue
         for file in _yaml_files(path) if path.is_dir() else [path]:
             abs_path = os.path.abspath(file)
             if abs_path in docs or abs_path in unparsed:
                 continue
-            doc, issue = _parse(file, this_root)
+            doc, issue = parse_yaml(file, this_root)
             if doc is None:
                 unparsed[abs_path] = issue  # type: ignore[assignment]
             else:
@@ -653,12 +432,12 @@ def load_tasks(
     content = _content_dirs(list(docs.values()))
     # A YAML file inside a template folder may be anything, even invalid YAML.
     result.errors += [
-        issue for abs_path, issue in unparsed.items() if not any(_inside(f, abs_path) for f, _ in content)
+        issue for abs_path, issue in unparsed.items() if not any(inside(f, abs_path) for f, _ in content)
     ]
     reader = _Files()
-    loaded: list[tuple[LoadedTask, _Doc]] = []
+    loaded: list[tuple[LoadedTask, Doc]] = []
     for doc in docs.values():
-        if any(_inside(folder, doc.abs) for folder, owner in content if owner is not doc):
+        if any(inside(folder, doc.abs) for folder, owner in content if owner is not doc):
             continue
         if isinstance(doc.data, dict) and "experiment_id" in doc.data:
             result.skipped.append(Path(doc.shown))
@@ -673,7 +452,7 @@ def load_tasks(
     return result
 
 
-def _content_dirs(docs: list[_Doc]) -> list[tuple[str, _Doc]]:
+def _content_dirs(docs: list[Doc]) -> list[tuple[str, Doc]]:
     """Folders each parsed YAML uses as template or reference folder (found in the raw data)."""
     found = []
     for doc in docs:
@@ -700,20 +479,20 @@ def _raw_dirs(data: Any) -> Iterator[str]:
             yield from _raw_dirs(item)
 
 
-def _not_a_mapping(doc: _Doc, what: str) -> SpecIssue:
+def _not_a_mapping(doc: Doc, what: str) -> SpecIssue:
     if doc.data is None:
         return SpecIssue(doc.shown, 1, "", f"the file is empty; expected {what}")
     return doc.issue((), f"expected {what}, got a {type(doc.data).__name__}")
 
 
-def _load_task(doc: _Doc, reader: _Files, max_bytes: int) -> tuple[LoadedTask | None, list[SpecIssue], list]:
+def _load_task(doc: Doc, reader: _Files, max_bytes: int) -> tuple[LoadedTask | None, list[SpecIssue], list]:
     if not isinstance(doc.data, dict):
         return None, [_not_a_mapping(doc, "a mapping of task fields (task_id, initial_prompt, ...)")], []
     try:
         spec = TaskSpec.model_validate(doc.data)
     except ValidationError as exc:
-        return None, _validation_issues(doc, exc), []
-    warnings = _warnings(doc, spec)
+        return None, validation_issues(doc, exc), []
+    warnings = unknown_key_warnings(doc, spec)
     refs = _layer_refs(spec)
     if spec.dataset is not None:
         refs += [_Ref(("dataset", "paths", k), p, "file") for k, p in enumerate(spec.dataset.paths or [])]
@@ -747,7 +526,7 @@ def _load_task(doc: _Doc, reader: _Files, max_bytes: int) -> tuple[LoadedTask | 
     return task, [], warnings
 
 
-def _duplicate_ids(loaded: list[tuple[LoadedTask, _Doc]]) -> list[SpecIssue]:
+def _duplicate_ids(loaded: list[tuple[LoadedTask, Doc]]) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     first: dict[str, SpecIssue] = {}
     for task, doc in loaded:
@@ -769,11 +548,11 @@ def load_experiment(
     """Load one experiment YAML; its variants' overlay folders and prompt files go in its bundle."""
     path = Path(path)
     result = ExperimentLoadResult()
-    this_root = _Root.of(root if root is not None else path.parent)
+    this_root = Root.of(root if root is not None else path.parent)
     if not path.is_file():
         result.errors.append(SpecIssue(str(path), None, "", "no such file"))
         return result
-    doc, issue = _parse(path, this_root)
+    doc, issue = parse_yaml(path, this_root)
     if doc is None:
         result.errors.append(issue)  # type: ignore[arg-type]
         return result
@@ -790,9 +569,9 @@ def load_experiment(
     try:
         spec = ExperimentSpec.model_validate(doc.data)
     except ValidationError as exc:
-        result.errors += _validation_issues(doc, exc)
+        result.errors += validation_issues(doc, exc)
         return result
-    result.warnings = _warnings(doc, spec)
+    result.warnings = unknown_key_warnings(doc, spec)
     refs = _layer_refs(spec.defaults, ("defaults",))
     for j, variant in enumerate(spec.variants):
         refs += _layer_refs(variant, ("variants", j))

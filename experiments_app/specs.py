@@ -19,18 +19,104 @@ The task-level field names live in one place: `TASK_FIELDS` (every field of a ta
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-import jmespath
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
+
+from experiments_app.criteria_specs import (
+    CRITERION_TYPES,
+    JSON_OPERATORS,
+    BaseCriterion,
+    ClassificationMatch,
+    CommandExecuted,
+    Criterion,
+    FileCheck,
+    FileContains,
+    FileExists,
+    FileMatchesRegex,
+    JsonAssertion,
+    JsonCheck,
+    LlmJudge,
+    RegexPattern,
+    RunCommand,
 )
+from experiments_app.gate_specs import (
+    GATE_TYPES,
+    Gate,
+    GateModel,
+    MaxErrorShareGate,
+    MinPassRateGate,
+    NoRegressionGate,
+    SuiteThresholdsGate,
+    gate_issues,
+)
+from experiments_app.spec_base import SpecError, SpecModel, check_regex
+
+# Criterion and gate models live in criteria_specs and gate_specs, the shared base in spec_base;
+# every name stays importable from here.
+__all__ = [
+    "AGENTLESS_KINDS",
+    "AGENT_KINDS",
+    "CRITERION_TYPES",
+    "GATE_TYPES",
+    "JSON_OPERATORS",
+    "KEBAB_RE",
+    "LAYER_FIELDS",
+    "REFERENCE_DIR_TOKEN",
+    "ROW_ID_RE",
+    "ROW_VAR_RE",
+    "SLUG_RE",
+    "TAG_RE",
+    "TASK_DIR_TOKEN",
+    "TASK_FIELDS",
+    "UNION_TAGS",
+    "AgentSpec",
+    "BaseCriterion",
+    "ClassificationMatch",
+    "CommandExecuted",
+    "Criterion",
+    "DatasetSpec",
+    "ExperimentSpec",
+    "FileCheck",
+    "FileContains",
+    "FileExists",
+    "FileMatchesRegex",
+    "Gate",
+    "GateModel",
+    "JsonAssertion",
+    "JsonCheck",
+    "LlmJudge",
+    "MaxErrorShareGate",
+    "MinPassRateGate",
+    "NoRegressionGate",
+    "NodeEnv",
+    "PostRunCommand",
+    "PreRunCommand",
+    "PromptMutation",
+    "PromptPrefix",
+    "PromptReplace",
+    "PromptSuffix",
+    "PromptTemplate",
+    "PythonEnv",
+    "ReferenceSpec",
+    "RegexPattern",
+    "RepoSource",
+    "ResourceLimits",
+    "RunCommand",
+    "RunLimits",
+    "SandboxSpec",
+    "SpecError",
+    "SpecModel",
+    "StarterFile",
+    "StarterFilesSource",
+    "SuiteThresholdsGate",
+    "TaskOverlay",
+    "TaskSpec",
+    "TemplateDirSource",
+    "TemplateSource",
+    "VariantSpec",
+    "check_template_sources",
+]
 
 AGENT_KINDS = ("none", "oracle", "command", "claude-code", "codex")
 # Agents that produce no trajectory, so criteria reading the agent's commands cannot apply.
@@ -45,34 +131,6 @@ ROW_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 ROW_VAR_RE = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
 TASK_DIR_TOKEN = "$TASK_DIR/"
 REFERENCE_DIR_TOKEN = "$REFERENCE_DIR"
-
-
-class SpecError(ValueError):
-    """A cross-field problem, with the path of each offending field (relative to the model)."""
-
-    def __init__(self, *issues: tuple[tuple[str | int, ...], str]) -> None:
-        super().__init__("; ".join(msg for _, msg in issues))
-        self.issues = list(issues)
-
-
-class SpecModel(BaseModel):
-    """Base of every spec model: unknown keys are kept (and warned about by the loader)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-def _has_row_var(text: str) -> bool:
-    # Dataset rows are substituted into criteria later; such values cannot be checked now.
-    return "${row." in text
-
-
-def _check_regex(pattern: str, flags: int = 0) -> str:
-    if not _has_row_var(pattern):
-        try:
-            re.compile(pattern, flags)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
-    return pattern
 
 
 def _check_relative(path: str, what: str) -> str:
@@ -186,229 +244,6 @@ class SandboxSpec(SpecModel):
         return self
 
 
-# --- success criteria --------------------------------------------------------------------
-
-
-class BaseCriterion(SpecModel):
-    type: str
-    description: str = ""
-    # 0 = informational: left out of the score and (unless `gating` says otherwise) of pass/fail.
-    weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
-    pass_threshold: float = Field(default=0.9, ge=0.0, le=1.0)
-    # evalsite: None means "gating when weight > 0" (coder-eval's rule).
-    gating: bool | None = None
-    # Across-row minimums for dataset tasks, e.g. {accuracy: 0.8}.
-    suite_thresholds: dict[str, float] | None = None
-
-    # Criteria that read the agent's trajectory (meaningless without an agent).
-    requires_agent: ClassVar[bool] = False
-
-    @property
-    def is_gating(self) -> bool:
-        return self.gating if self.gating is not None else self.weight > 0
-
-    @model_validator(mode="after")
-    def _informational_has_no_suite_gate(self) -> BaseCriterion:
-        if self.weight == 0 and self.suite_thresholds is not None:
-            raise SpecError(
-                (("suite_thresholds",), "a weight 0 (informational) criterion cannot set suite_thresholds")
-            )
-        return self
-
-
-class FileExists(BaseCriterion):
-    type: Literal["file_exists"]
-    path: str
-
-
-class FileContains(BaseCriterion):
-    type: Literal["file_contains"]
-    path: str
-    includes: list[str]
-    excludes: list[str] | None = None
-
-
-class FileMatchesRegex(BaseCriterion):
-    type: Literal["file_matches_regex"]
-    path: str
-    pattern: str
-    must_match: bool = True
-    flags: int = 0
-
-    @model_validator(mode="after")
-    def _regex(self) -> FileMatchesRegex:
-        try:
-            _check_regex(self.pattern, self.flags)
-        except ValueError as exc:
-            raise SpecError((("pattern",), str(exc))) from None
-        return self
-
-
-class RegexPattern(SpecModel):
-    pattern: str
-    must_match: bool = True
-    flags: int = 0
-
-    @model_validator(mode="after")
-    def _regex(self) -> RegexPattern:
-        try:
-            _check_regex(self.pattern, self.flags)
-        except ValueError as exc:
-            raise SpecError((("pattern",), str(exc))) from None
-        return self
-
-
-class FileCheck(BaseCriterion):
-    type: Literal["file_check"]
-    path: str
-    includes: list[str] = Field(default_factory=list)
-    excludes: list[str] = Field(default_factory=list)
-    patterns: list[RegexPattern] = Field(default_factory=list)
-
-
-JSON_OPERATORS = ("equals", "not_equals", "contains", "gt", "gte", "lt", "lte", "type", "regex", "exists")
-
-
-class JsonAssertion(SpecModel):
-    expression: str = Field(description="JMESPath expression")
-    operator: Literal[JSON_OPERATORS] = "equals"  # type: ignore[valid-type]
-    expected: Any = None
-
-    @field_validator("expression")
-    @classmethod
-    def _jmespath(cls, v: str) -> str:
-        if not _has_row_var(v):
-            try:
-                jmespath.compile(v)
-            except jmespath.exceptions.JMESPathError as exc:
-                detail = " ".join(str(exc).split())  # jmespath's message spans lines with a caret
-                raise ValueError(f"invalid JMESPath expression {v!r}: {detail}") from None
-        return v
-
-    @model_validator(mode="after")
-    def _expected_given(self) -> JsonAssertion:
-        # `expected: null` is a valid JSON value, so "given" means "the key is present".
-        if self.operator != "exists" and "expected" not in self.model_fields_set:
-            raise SpecError((("expected",), f"required when operator is {self.operator!r}"))
-        if self.operator == "regex" and isinstance(self.expected, str):
-            try:
-                _check_regex(self.expected)
-            except ValueError as exc:
-                raise SpecError((("expected",), str(exc))) from None
-        return self
-
-
-class JsonCheck(BaseCriterion):
-    type: Literal["json_check"]
-    path: str
-    json_schema: str | None = None
-    assertions: list[JsonAssertion] = Field(default_factory=list)
-
-
-class RunCommand(BaseCriterion):
-    type: Literal["run_command"]
-    command: str
-    timeout: int = Field(default=30, gt=0)
-    expected_exit_code: int = 0
-    expected_stdout: str | None = None
-    stdout_match: Literal["exact", "contains", "regex"] = "exact"
-    score_from_stdout: bool = False
-
-    @model_validator(mode="after")
-    def _stdout(self) -> RunCommand:
-        if self.score_from_stdout and self.expected_stdout is not None:
-            raise SpecError(
-                (("score_from_stdout",), "score_from_stdout and expected_stdout are mutually exclusive")
-            )
-        if self.stdout_match == "regex" and self.expected_stdout is not None:
-            try:
-                _check_regex(self.expected_stdout)
-            except ValueError as exc:
-                raise SpecError((("expected_stdout",), str(exc))) from None
-        return self
-
-
-class CommandExecuted(BaseCriterion):
-    type: Literal["command_executed"]
-    tool_name: str | None = None
-    command_pattern: str | None = None
-    exclude_pattern: str | None = None
-    min_count: int = Field(default=1, ge=0)
-    max_count: int | None = Field(default=None, ge=0)
-    require_success: bool = False
-
-    requires_agent: ClassVar[bool] = True
-
-    @model_validator(mode="after")
-    def _counts(self) -> CommandExecuted:
-        issues = []
-        for name in ("command_pattern", "exclude_pattern"):
-            value = getattr(self, name)
-            if value is not None:
-                try:
-                    _check_regex(value)
-                except ValueError as exc:
-                    issues.append(((name,), str(exc)))
-        if self.max_count is not None and self.max_count < self.min_count:
-            issues.append((("max_count",), f"must be >= min_count ({self.min_count})"))
-        if issues:
-            raise SpecError(*issues)
-        return self
-
-
-class ClassificationMatch(BaseCriterion):
-    type: Literal["classification_match"]
-    path: str
-    expected_label: str
-    allowed_labels: list[str] = Field(min_length=1)
-    case_sensitive: bool = False
-
-
-class LlmJudge(BaseCriterion):
-    type: Literal["llm_judge"]
-    # Judges rarely give 1.0 even to excellent work (coder-eval's default).
-    pass_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
-    enabled: bool = True
-    prompt: str
-    # Sandbox-relative; "$TASK_DIR/x" reads x next to the task YAML, "$REFERENCE_DIR/x" the reference.
-    files: list[str] = Field(default_factory=list)
-    include_reference: bool = True
-    include_agent_output: bool = False
-    include_tool_calls: bool = False
-    include_dialog: bool = False
-    model: str | None = None
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    max_tokens: int = Field(default=2000, gt=0)
-    max_file_chars: int = Field(default=20_000, gt=0)
-    max_dialog_chars: int = Field(default=80_000, gt=0)
-    capture_transcript: bool = True
-
-
-Criterion = Annotated[
-    FileExists
-    | FileContains
-    | FileMatchesRegex
-    | FileCheck
-    | JsonCheck
-    | RunCommand
-    | CommandExecuted
-    | ClassificationMatch
-    | LlmJudge,
-    Field(discriminator="type"),
-]
-CRITERION_TYPES = (
-    "file_exists",
-    "file_contains",
-    "file_matches_regex",
-    "file_check",
-    "json_check",
-    "run_command",
-    "command_executed",
-    "classification_match",
-    "llm_judge",
-)
-
-
 # --- limits, commands, reference, dataset --------------------------------------------------
 
 
@@ -506,7 +341,7 @@ class PromptReplace(SpecModel):
     def _regex(self) -> PromptReplace:
         if self.regex:
             try:
-                _check_regex(self.pattern)
+                check_regex(self.pattern)
             except ValueError as exc:
                 raise SpecError((("pattern",), str(exc))) from None
         return self
@@ -683,73 +518,6 @@ class VariantSpec(TaskOverlay):
         return self
 
 
-# --- gates (evalsite) ------------------------------------------------------------------------
-
-
-class GateModel(BaseModel):
-    """Base of the gate specs. Unlike other specs, unknown keys are errors: a mistyped gate key
-    (`valeu: 0.8`) would otherwise pass every build unnoticed."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = None  # shown instead of the generated name (JUnit test case, reports)
-
-
-class MinPassRateGate(GateModel):
-    """passed / (passed + failed) must reach `value`: for `variant`, for every variant when
-    omitted, or pooled over all variants with `overall: true`."""
-
-    type: Literal["min_pass_rate"]
-    value: float = Field(ge=0.0, le=1.0)
-    variant: str | None = None
-    overall: bool = False
-
-
-class NoRegressionGate(GateModel):
-    """No variant (or only `variant`) is significantly worse than the baseline: fails when the
-    Δ pass rate is negative and its Holm-adjusted p-value is below `alpha`."""
-
-    type: Literal["no_regression"]
-    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    variant: str | None = None
-
-
-class MaxErrorShareGate(GateModel):
-    """error / (passed + failed + error) must not exceed `value` (per variant, or overall)."""
-
-    type: Literal["max_error_share"]
-    value: float = Field(ge=0.0, le=1.0)
-    variant: str | None = None
-    overall: bool = False
-
-
-class SuiteThresholdsGate(GateModel):
-    """Every dataset suite (task × variant with suite_thresholds) met its thresholds."""
-
-    type: Literal["suite_thresholds"]
-    variant: str | None = None
-
-
-Gate = Annotated[
-    MinPassRateGate | NoRegressionGate | MaxErrorShareGate | SuiteThresholdsGate,
-    Field(discriminator="type"),
-]
-GATE_TYPES = ("min_pass_rate", "no_regression", "max_error_share", "suite_thresholds")
-
-
-def _gate_issues(gates: list[Any], variants: dict[str, int]) -> list[tuple[tuple[str | int, ...], str]]:
-    issues: list[tuple[tuple[str | int, ...], str]] = []
-    for i, gate in enumerate(gates):
-        variant = gate.variant
-        if variant is not None and variant not in variants:
-            issues.append(
-                (("gates", i, "variant"), f"no variant {variant!r}; expected one of: {', '.join(variants)}")
-            )
-        if getattr(gate, "overall", False) and variant is not None:
-            issues.append((("gates", i, "overall"), "set either variant or overall: true, not both"))
-    return issues
-
-
 class ExperimentSpec(SpecModel):
     """One coder-eval experiment, plus evalsite's task selection and scheduling fields."""
 
@@ -795,7 +563,7 @@ class ExperimentSpec(SpecModel):
             issues.append(
                 (("baseline",), f"no variant {self.baseline!r}; expected one of: {', '.join(seen)}")
             )
-        issues += _gate_issues(self.gates, seen)
+        issues += gate_issues(self.gates, seen)
         if issues:
             raise SpecError(*issues)
         return self

@@ -186,9 +186,12 @@ class BaseParser:
 
 
 class AgentKind:
-    """Base class of agent kinds. ``finish`` here suits kinds whose parser has no terminal line."""
+    """Base class of agent kinds. ``finish`` classifies the end; kinds whose stream has a terminal
+    line set ``needs_final_line``."""
 
     name = ""
+    # A CLI whose stream ends with a result line: exiting without that line is an error.
+    needs_final_line = False
 
     def prepare(
         self,
@@ -207,7 +210,7 @@ class AgentKind:
     def finish(
         self, result: ProcessResultLike | None, parser: BaseParser, *, limit_hit: str | None = None
     ) -> AgentOutcome:
-        return classify(result, parser, limit_hit=limit_hit, needs_final_line=False)
+        return classify(result, parser, limit_hit=limit_hit, needs_final_line=self.needs_final_line)
 
 
 def classify(
@@ -376,3 +379,18 @@ def find_cli(
         f"{kind}: the `{program}` CLI is not installed ({local} is missing and it is not on PATH); "
         f"{INSTALL_HINT}, or set {env_var} to its path"
     )
+
+
+def require_cli(
+    kind: str, program: str, env_var: str, api_key: str, config: Mapping[str, Any], secrets: Mapping[str, str]
+) -> str:
+    """The path of a model CLI (see ``find_cli``), once both it and its API key are there.
+
+    Raises ``AgentSetupError`` naming every problem at once: what to install and which key to set.
+    """
+    binary, problem = find_cli(kind, program, config, env_var)
+    problems = [problem] if problem else []
+    problems += require_secrets(kind, [api_key], secrets)
+    raise_problems(problems)
+    assert binary is not None  # find_cli returns a path or a problem
+    return binary

@@ -30,17 +30,12 @@ from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
-    AgentOutcome,
     BaseParser,
-    ProcessResultLike,
     Usage,
-    classify,
     clip,
     estimate_cost,
-    find_cli,
     prompt_fits_argv,
-    raise_problems,
-    require_secrets,
+    require_cli,
 )
 
 DEFAULT_ALLOWED_TOOLS = ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]
@@ -77,14 +72,12 @@ def model_prices(model: str) -> dict[str, float] | None:
 
 class ClaudeCodeAgent(AgentKind):
     name = "claude-code"
+    needs_final_line = True
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary, problem = find_cli("claude-code", "claude", config, "EVALSITE_CLAUDE_BIN")
-        problems = [problem] if problem else []
-        problems += require_secrets("claude-code", [API_KEY], secrets)
-        raise_problems(problems)
+        binary = require_cli("claude-code", "claude", "EVALSITE_CLAUDE_BIN", API_KEY, config, secrets)
         on_argv = prompt_fits_argv(prompt)
         argv = [binary, "-p", prompt] if on_argv else [binary, "-p"]
         argv += claude_options(config)
@@ -98,11 +91,6 @@ class ClaudeCodeAgent(AgentKind):
 
     def parser(self, config: Mapping[str, Any] | None = None) -> ClaudeStreamParser:
         return ClaudeStreamParser(prices=(config or {}).get("prices"))
-
-    def finish(
-        self, result: ProcessResultLike | None, parser: BaseParser, *, limit_hit: str | None = None
-    ) -> AgentOutcome:
-        return classify(result, parser, limit_hit=limit_hit, needs_final_line=True)
 
 
 def claude_options(config: Mapping[str, Any]) -> list[str]:

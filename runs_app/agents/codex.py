@@ -29,16 +29,11 @@ from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
-    AgentOutcome,
     BaseParser,
-    ProcessResultLike,
-    classify,
     clip,
     estimate_cost,
-    find_cli,
     prompt_fits_argv,
-    raise_problems,
-    require_secrets,
+    require_cli,
 )
 
 API_KEY = "OPENAI_API_KEY"
@@ -53,14 +48,12 @@ TOOL_ITEMS = ("command_execution", "file_change", "mcp_tool_call", "web_search")
 
 class CodexAgent(AgentKind):
     name = "codex"
+    needs_final_line = True
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary, problem = find_cli("codex", "codex", config, "EVALSITE_CODEX_BIN")
-        problems = [problem] if problem else []
-        problems += require_secrets("codex", [API_KEY], secrets)
-        raise_problems(problems)
+        binary = require_cli("codex", "codex", "EVALSITE_CODEX_BIN", API_KEY, config, secrets)
         argv = [binary, "exec", "--json", "--skip-git-repo-check"]
         argv += ["--sandbox", str(config.get("sandbox") or "workspace-write")]
         if config.get("model"):
@@ -86,11 +79,6 @@ class CodexAgent(AgentKind):
         return CodexStreamParser(
             network_retry_limit=int(config.get("network_retry_limit", 3)), prices=config.get("prices")
         )
-
-    def finish(
-        self, result: ProcessResultLike | None, parser: BaseParser, *, limit_hit: str | None = None
-    ) -> AgentOutcome:
-        return classify(result, parser, limit_hit=limit_hit, needs_final_line=True)
 
 
 def codex_config(config: Mapping[str, Any], secrets: Mapping[str, str]) -> str:

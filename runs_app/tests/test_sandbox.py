@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runs_app import sandbox
+from runs_app import containment, sandbox
 from runs_app.sandbox import DEFAULT_ENV_ALLOWLIST, Limits, build_env, redact, run_process
 from runs_app.workspace import cleanup, layout
 
@@ -47,7 +47,7 @@ def trial(base):
 def mode(request, trial, base):
     """(cwd, run_process keyword arguments, mode name) for one containment mode."""
     if request.param == "cgroup":
-        if sandbox._cgroup_base() is None:
+        if containment._cgroup_base() is None:
             pytest.skip("this host offers no writable pids cgroup")
         return trial.workspace, {"use_cgroup": True}, "cgroup"
     if request.param == "uid":
@@ -86,7 +86,7 @@ def quick(**overrides) -> Limits:
 
 
 def dead(pid: int) -> bool:
-    return not sandbox._alive(pid)
+    return not containment._alive(pid)
 
 
 def processes_inside(folder: Path) -> list[int]:
@@ -435,7 +435,7 @@ def test_it_kills_the_command_when_the_worker_dies(trial):
 
 
 def test_it_removes_cgroups_left_by_a_dead_worker():
-    cgroup_base = sandbox._cgroup_base()
+    cgroup_base = containment._cgroup_base()
     if cgroup_base is None:
         pytest.skip("this host offers no writable pids cgroup")
     gone = subprocess.Popen(["true"])
@@ -445,7 +445,7 @@ def test_it_removes_cgroups_left_by_a_dead_worker():
     orphan = subprocess.Popen(["sleep", "30"])
     (stale / "cgroup.procs").write_text(str(orphan.pid))
 
-    sandbox._remove_stale_cgroups(cgroup_base)
+    containment._remove_stale_cgroups(cgroup_base)
 
     assert orphan.wait(timeout=5) == -signal.SIGKILL
     assert not stale.exists()
