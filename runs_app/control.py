@@ -27,30 +27,37 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
     which just freed a slot, runs it next without a broker round trip (the filesystem broker
     polls every 0.1 s, which would otherwise idle each worker process between short trials).
     A worker that dies holding a reservation is covered by the reaper's re-dispatch."""
-    from runs_app.tasks import execute_trial
-
     with transaction.atomic():
         # The row lock serialises concurrent dispatches of one run (SQLite's IMMEDIATE
         # transactions already do), so max_parallel holds across any number of workers.
         run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.cancel_requested or run.is_final or run.historical:
+        if run is None:
             return None
-        current = Trial.objects.filter(run=run, is_latest=True)
-        occupied = current.filter(
-            Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
-        ).count()
-        free = run.max_parallel - occupied
-        if free <= 0:
-            return None
-        ids = list(
-            current.filter(status=Trial.Status.QUEUED, dispatched_at__isnull=True)
-            .order_by("replicate", "pk")
-            .values_list("pk", flat=True)[:free]
-        )
-        Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
-        reserved = ids.pop(0) if reserve and ids else None
-        for trial_id in ids:
-            transaction.on_commit(partial(execute_trial.delay, trial_id))
+        return _dispatch_locked(run, reserve)
+
+
+def _dispatch_locked(run: Run, reserve: bool) -> int | None:
+    """dispatch() for a run whose row the current transaction has locked."""
+    from runs_app.tasks import execute_trial
+
+    if run.cancel_requested or run.is_final or run.historical:
+        return None
+    current = Trial.objects.filter(run=run, is_latest=True)
+    occupied = current.filter(
+        Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
+    ).count()
+    free = run.max_parallel - occupied
+    if free <= 0:
+        return None
+    ids = list(
+        current.filter(status=Trial.Status.QUEUED, dispatched_at__isnull=True)
+        .order_by("replicate", "pk")
+        .values_list("pk", flat=True)[:free]
+    )
+    Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
+    reserved = ids.pop(0) if reserve and ids else None
+    for trial_id in ids:
+        transaction.on_commit(partial(execute_trial.delay, trial_id))
     return reserved
 
 
@@ -90,10 +97,14 @@ def _finish(run: Run) -> None:
 def after_trial(run_id: int, reserve: bool = False) -> int | None:
     """Called when a trial of the run reached a final state; returns a reserved trial to run
     next when `reserve` is asked (see dispatch)."""
-    run = refresh_run(run_id)
-    if not run.is_final:
-        return dispatch(run_id, reserve=reserve)
-    return None
+    with transaction.atomic():
+        # One locked transaction recounts, then finishes the run or fills the freed slot.
+        run = Run.objects.select_for_update().get(pk=run_id)
+        run.refresh_counts()
+        if not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials:
+            _finish(run)
+            return None
+        return _dispatch_locked(run, reserve)
 
 
 def mark_run_started(run_id: int) -> None:

@@ -155,9 +155,11 @@ class Recorder:
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
             self.flush()
 
-    def phase(self, name: str, **data: Any) -> None:
+    def phase(self, name: str, flush: bool = False, **data: Any) -> None:
+        """A phase change; `flush` writes it at once (the run page shows it live)."""
         self.add(TrialEvent.Kind.PHASE, {"phase": name, **data})
-        self.flush()
+        if flush:
+            self.flush()
 
     def flush(self) -> None:
         if self.buffer:
@@ -223,38 +225,33 @@ class TrialExecution:
         self.heartbeat.start()
         timings: dict[str, float] = {}
         started = time.perf_counter()
+        self.recorder.phase("setup", flush=True, worker=self.worker, attempt=self.trial.attempt)
         try:
-            self.recorder.phase("setup", worker=self.worker, attempt=self.trial.attempt)
-            try:
-                self.setup()
-            except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:
-                category = exc.category if isinstance(exc, TrialAborted) else "setup"
-                return self._ended(Outcome(Trial.Status.ERROR, category, str(exc)), timings, started)
-            timings["setup"] = time.perf_counter() - started
-            if reason := self.heartbeat.stop_reason():
-                return self._ended(self._stopped(reason), timings, started)
+            self.setup()
+        except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:
+            category = exc.category if isinstance(exc, TrialAborted) else "setup"
+            return self._ended(Outcome(Trial.Status.ERROR, category, str(exc)), timings, started)
+        timings["setup"] = time.perf_counter() - started
+        if reason := self.heartbeat.stop_reason():
+            return self._ended(self._stopped(reason), timings, started)
 
-            before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
-            agent_started = time.perf_counter()
-            self.recorder.phase("agent", kind=self._agent_kind())
-            outcome = self.run_agent()
-            timings["agent"] = time.perf_counter() - agent_started
-            after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
-            outcome.diff, outcome.diff_truncated = workspace.unified_diff(
-                before, after, settings.DIFF_CAP_BYTES
-            )
-            if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED):
-                return self._ended(outcome, timings, started)
-
-            grading_started = time.perf_counter()
-            self.recorder.phase("grading")
-            self.grade(outcome)
-            timings["grading"] = time.perf_counter() - grading_started
-            self.recorder.phase("post_run")
-            self.run_steps("post_run", fatal=False)
+        before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
+        agent_started = time.perf_counter()
+        self.recorder.phase("agent", flush=True, kind=self._agent_kind())
+        outcome = self.run_agent()
+        timings["agent"] = time.perf_counter() - agent_started
+        after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
+        outcome.diff, outcome.diff_truncated = workspace.unified_diff(before, after, settings.DIFF_CAP_BYTES)
+        if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED):
             return self._ended(outcome, timings, started)
-        finally:
-            self.recorder.flush()
+
+        grading_started = time.perf_counter()
+        self.recorder.phase("grading")
+        self.grade(outcome)
+        timings["grading"] = time.perf_counter() - grading_started
+        self.recorder.phase("post_run")
+        self.run_steps("post_run", fatal=False)
+        return self._ended(outcome, timings, started)
 
     def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
         timings["total"] = time.perf_counter() - started
@@ -591,6 +588,7 @@ class TrialExecution:
             if stored != 1:
                 logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
                 return False
+            self.recorder.flush()  # the last events land with the outcome, or not at all
             CriterionResult.objects.bulk_create(
                 [
                     CriterionResult(
