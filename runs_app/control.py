@@ -36,16 +36,18 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
         return _dispatch_locked(run, reserve)
 
 
-def _dispatch_locked(run: Run, reserve: bool) -> int | None:
-    """dispatch() for a run whose row the current transaction has locked."""
+def _dispatch_locked(run: Run, reserve: bool, occupied: int | None = None) -> int | None:
+    """dispatch() for a run whose row the current transaction has locked. `occupied` (trials
+    running or sent) may come from a recount made in the same transaction."""
     from runs_app.tasks import execute_trial
 
     if run.cancel_requested or run.is_final or run.historical:
         return None
     current = Trial.objects.filter(run=run, is_latest=True)
-    occupied = current.filter(
-        Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
-    ).count()
+    if occupied is None:
+        occupied = current.filter(
+            Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
+        ).count()
     free = run.max_parallel - occupied
     if free <= 0:
         return None
@@ -100,11 +102,11 @@ def after_trial(run_id: int, reserve: bool = False) -> int | None:
     with transaction.atomic():
         # One locked transaction recounts, then finishes the run or fills the freed slot.
         run = Run.objects.select_for_update().get(pk=run_id)
-        run.refresh_counts()
+        sent = run.refresh_counts()
         if not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials:
             _finish(run)
             return None
-        return _dispatch_locked(run, reserve)
+        return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
 
 
 def mark_run_started(run_id: int) -> None:

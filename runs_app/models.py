@@ -65,10 +65,12 @@ class Run(models.Model):
     def n_done(self) -> int:
         return self.n_passed + self.n_failed + self.n_error + self.n_cancelled
 
-    def refresh_counts(self) -> None:
-        """Recount this run's current trials by status and store the counts."""
+    def refresh_counts(self) -> int:
+        """Recount this run's current trials by status and store the counts. Returns how many
+        queued trials were already sent to a worker (dispatch counts them as busy slots)."""
         counts = Trial.objects.filter(run=self, is_latest=True).aggregate(
             total=Count("pk"),
+            sent=Count("pk", filter=Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)),
             **{status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values},
         )
         self.n_trials = counts["total"]
@@ -80,6 +82,7 @@ class Run(models.Model):
                 *(f"n_{status}" for status in Trial.Status.values),
             ]
         )
+        return counts["sent"]
 
 
 class TrialQuerySet(models.QuerySet):

@@ -31,6 +31,7 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from experiments_app.bundles import extract_bundle
+from experiments_app.models import Bundle
 from runs_app import agents, control, criteria, sandbox, workspace
 from runs_app.agents import base as agent_base
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
@@ -110,7 +111,8 @@ def _run_claimed(trial_id: int, worker: str, reserve: bool) -> tuple[str | None,
     trial = Trial.objects.select_related("run", "variant", "task_version__bundle", "task_version__task").get(
         pk=trial_id
     )
-    control.mark_run_started(trial.run_id)
+    if trial.run.status == trial.run.Status.QUEUED:
+        control.mark_run_started(trial.run_id)
     execution = TrialExecution(trial, worker)
     try:
         outcome = execution.run()
@@ -127,14 +129,19 @@ def _run_claimed(trial_id: int, worker: str, reserve: bool) -> tuple[str | None,
 class Recorder:
     """Buffers a trial's events and writes them in small batches (capped per trial)."""
 
-    def __init__(self, trial_id: int, secrets: list[str]):
+    def __init__(self, trial_id: int, secrets: list[str], first_attempt: bool = False):
         self.trial_id = trial_id
         self.secrets = secrets
+        # A first attempt has no events yet (the reaper only writes to re-queued trials).
         last = (
-            TrialEvent.objects.filter(trial_id=trial_id)
-            .order_by("-seq")
-            .values_list("seq", flat=True)
-            .first()
+            0
+            if first_attempt
+            else (
+                TrialEvent.objects.filter(trial_id=trial_id)
+                .order_by("-seq")
+                .values_list("seq", flat=True)
+                .first()
+            )
         )
         self.seq = last or 0
         self.count = 0
@@ -213,7 +220,7 @@ class TrialExecution:
         self.worker = worker
         self.config: dict = trial.config
         self.secret_values: list[str] = []
-        self.recorder = Recorder(trial.pk, self.secret_values)
+        self.recorder = Recorder(trial.pk, self.secret_values, first_attempt=trial.attempt == 1)
         self.heartbeat = Heartbeat(trial, worker)
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
@@ -225,7 +232,7 @@ class TrialExecution:
         self.heartbeat.start()
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        self.recorder.phase("setup", flush=True, worker=self.worker, attempt=self.trial.attempt)
+        self.recorder.phase("setup", worker=self.worker, attempt=self.trial.attempt)
         try:
             self.setup()
         except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:
@@ -287,12 +294,8 @@ class TrialExecution:
         self.experiment_bundle_dir: Path | None = None
         experiment = self.trial.run.config.get("experiment", {})
         if experiment.get("bundle"):
-            from experiments_app.models import Bundle
-
             self.experiment_bundle_dir = root / "experiment"
-            extract_bundle(
-                bytes(Bundle.objects.get(pk=experiment["bundle"]).data), self.experiment_bundle_dir
-            )
+            extract_bundle(_bundle_data(experiment["bundle"]), self.experiment_bundle_dir)
             self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
         sources = (self.config.get("sandbox") or {}).get("template_sources") or []
         for index, source in enumerate(sources):
@@ -604,6 +607,18 @@ class TrialExecution:
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+_BUNDLES: dict[str, bytes] = {}
+
+
+def _bundle_data(digest: str) -> bytes:
+    """A bundle's blob, kept per worker process: bundles are content-addressed, so immutable."""
+    if digest not in _BUNDLES:
+        if len(_BUNDLES) >= 16:
+            _BUNDLES.pop(next(iter(_BUNDLES)))
+        _BUNDLES[digest] = bytes(Bundle.objects.values_list("data", flat=True).get(pk=digest))
+    return _BUNDLES[digest]
 
 
 def _redact(value: Any, secrets: list[str]) -> Any:
