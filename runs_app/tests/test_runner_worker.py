@@ -346,3 +346,21 @@ def test_it_evaluates_dataset_suite_thresholds_when_the_run_ends(tmp_path, celer
     [suite] = run.suite_results
     assert (suite["task"], suite["variant"], suite["passed"]) == ("suite", "v", True)
     assert suite["criteria"][0]["metrics"]["mean"] == pytest.approx(0.75)
+
+
+def test_two_runs_share_the_workers(tmp_path, celery_worker_process):
+    experiment = small_suite(tmp_path, 1, "sleep 0.3 && echo done > out.txt", parallel=1, repeats=6)
+
+    first = launch_run(experiment)
+    second = launch_run(experiment)
+    wait_for_run(first, timeout=60, worker=celery_worker_process)
+    wait_for_run(second, timeout=60, worker=celery_worker_process)
+
+    def finish_times(run):
+        return sorted(Trial.objects.filter(run=run).values_list("finished_at", flat=True))
+
+    # Each run holds one slot (max_parallel 1), so the two worker processes serve both at once:
+    # the second run's first trial ends long before the first run's last one.
+    assert finish_times(second)[0] < finish_times(first)[-1]
+    assert finish_times(first)[0] < finish_times(second)[-1]
+    assert first.n_passed == second.n_passed == 6
