@@ -283,6 +283,13 @@ REDISPATCH_AFTER_SECONDS = env_int("REDISPATCH_AFTER_SECONDS", 60, minimum=1)
 TRIAL_EVENT_CAP = env_int("TRIAL_EVENT_CAP", 2000, minimum=10)
 AGENT_OUTPUT_CAP_BYTES = env_int("AGENT_OUTPUT_CAP_BYTES", 256 * 1024, minimum=1024)
 DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
+# Worker environment variables an agent may receive (by naming them in its config). Nothing
+# else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
+AGENT_SECRET_NAMES = env_list(
+    "AGENT_SECRET_NAMES", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY"]
+)
+# A launch never creates more trials than this (a typo in `repeats` must not fill the database).
+MAX_TRIALS_PER_RUN = env_int("MAX_TRIALS_PER_RUN", 200_000, minimum=1)
 
 CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {

@@ -196,11 +196,19 @@ def reap_expired_leases() -> int:
     runs = set()
     reaped = 0
     expired = Trial.objects.filter(status=Trial.Status.RUNNING, lease_expires_at__lt=now)
-    for trial_id, run_id, attempt, owner in expired.values_list("pk", "run_id", "attempt", "lease_owner"):
+    rows = expired.values_list("pk", "run_id", "attempt", "lease_owner", "run__cancel_requested")
+    for trial_id, run_id, attempt, owner, cancelled in rows:
         still_expired = Trial.objects.filter(
             pk=trial_id, status=Trial.Status.RUNNING, lease_expires_at__lt=now
         )
-        if attempt < settings.TRIAL_MAX_ATTEMPTS:
+        if cancelled:
+            # Its run was cancelled meanwhile: nothing would ever claim it again.
+            changed = still_expired.update(
+                status=Trial.Status.CANCELLED, finished_at=now, error_category="cancelled",
+                lease_owner="", lease_expires_at=None,
+            )  # fmt: skip
+            note = f"worker {owner} died after the run was cancelled"
+        elif attempt < settings.TRIAL_MAX_ATTEMPTS:
             changed = still_expired.update(
                 status=Trial.Status.QUEUED, attempt=attempt + 1, dispatched_at=None,
                 lease_owner="", lease_expires_at=None, started_at=None,

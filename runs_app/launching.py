@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -74,7 +75,9 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
     for version in versions:
         for variant in variants:
             try:
-                trials += _trials_for(experiment, version, variant, overrides, options, seed)
+                trials += _trials_for(experiment, version, variant, overrides, options, seed, len(trials))
+            except LaunchError:
+                raise
             except (ResolveError, OverrideError, ValueError) as exc:
                 problems.append(f"{version.task.slug} × {variant.slug}: {exc}")
     if problems:
@@ -147,12 +150,21 @@ def _trials_for(
     overrides: dict,
     options: LaunchOptions,
     seed: int,
+    so_far: int = 0,
 ) -> list[Trial]:
     layers = trial_layers(_task_layer(version), experiment.defaults, variant.layer(), overrides)
     resolved = resolve(layers)
     config = resolved.config
     repeats = options.repeats or overrides.get("repeats") or variant.effective_repeats()
     rows = _dataset_rows(version, options, seed)
+    if so_far + repeats * len(rows) > settings.MAX_TRIALS_PER_RUN:
+        raise LaunchError(
+            [
+                f"this run would have more than {settings.MAX_TRIALS_PER_RUN} trials "
+                f"(repeats {repeats} × {len(rows)} dataset row(s) for {version.task.slug} × "
+                f"{variant.slug} alone): lower repeats or sample tasks, or raise MAX_TRIALS_PER_RUN"
+            ]
+        )
     trials = []
     for row_id, row in rows:
         row_config = _substitute_row(config, row, version.task.slug, row_id) if row is not None else config

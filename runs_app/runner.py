@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from experiments_app.bundles import extract_bundle
@@ -190,11 +190,17 @@ class Heartbeat(threading.Thread):
         next_renewal = time.monotonic() + renew_every
         try:
             while not self.stopping.wait(0.5):
-                if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
-                    self.cancelled.set()
-                if time.monotonic() >= next_renewal:
-                    next_renewal = time.monotonic() + renew_every
-                    self._renew()
+                try:
+                    if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
+                        self.cancelled.set()
+                    if time.monotonic() >= next_renewal:
+                        self._renew()
+                        next_renewal = time.monotonic() + renew_every
+                except DatabaseError:
+                    # A busy or restarting database must not end the heartbeat: the next
+                    # tick tries again, well before the lease runs out.
+                    logger.warning("trial %s: heartbeat could not reach the database", self.trial_id)
+                    close_old_connections()
         finally:
             connection.close()
 
@@ -355,13 +361,20 @@ class TrialExecution:
             kind = agents.get_agent(kind_name)
         except (agents.UnknownAgentKind, agents.AgentSetupError) as exc:
             return Outcome(Trial.Status.ERROR, "setup", str(exc))
-        agent_config = self._agent_config()
+        try:
+            agent_config = self._agent_config()
+        except TrialAborted as exc:
+            return Outcome(Trial.Status.ERROR, exc.category, str(exc))
+        if refused := _refused_secrets(agent_config.get("secrets") or []):
+            return refused
         try:
             invocation = kind.prepare(
                 self.trial.prompt, self.paths.workspace, self.paths.home, agent_config, dict(os.environ)
             )
         except agents.AgentSetupError as exc:
             return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        if refused := _refused_secrets(invocation.secrets_needed):
+            return refused
         secrets = {name: os.environ[name] for name in invocation.secrets_needed if os.environ.get(name)}
         self.secret_values += list(secrets.values())
         agent_base.write_files(invocation)
@@ -505,7 +518,11 @@ class TrialExecution:
         if not directory:
             return None
         bundle_dir, yaml_dir = self._origin("reference.directory")
-        return bundle_dir / yaml_dir / directory
+        folder = (bundle_dir / yaml_dir / directory).resolve()
+        if not folder.is_relative_to(bundle_dir.resolve()):
+            # An override could name any folder of the worker; the oracle would copy it in.
+            raise TrialAborted("setup", f"reference.directory {directory!r} leaves the task's bundle")
+        return folder
 
     def _reference_env(self) -> dict[str, str]:
         reference = self._reference_dir()
@@ -607,6 +624,20 @@ class TrialExecution:
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+def _refused_secrets(names: list[str]) -> Outcome | None:
+    """A variant (or a launch override) names the variables it wants; only those the worker's
+    operator declared as agent secrets may leave the worker's environment."""
+    refused = sorted({str(name) for name in names} - set(settings.AGENT_SECRET_NAMES))
+    if not refused:
+        return None
+    return Outcome(
+        Trial.Status.ERROR,
+        "setup",
+        f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
+        "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
+    )
 
 
 _BUNDLES: dict[str, bytes] = {}

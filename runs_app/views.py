@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
 from django.db.models import Case, Count, F, IntegerField, Q, Sum, Value, When
@@ -69,8 +70,16 @@ class RunFilterForm(forms.Form):
 
 
 def _get_run_for_user(request: HttpRequest, run_id: int) -> Run:
-    # Every signed-in member may see and steer every run (a team tool); the one place to narrow it.
+    # Every signed-in member may see every run and launch a new one from it (a team tool).
     return get_object_or_404(Run.objects.select_related("experiment"), pk=run_id)
+
+
+def _get_run_to_control_for_user(request: HttpRequest, run_id: int) -> Run:
+    """A run the user may cancel or retry: one they started, or any run for staff (the API's rule)."""
+    run = _get_run_for_user(request, run_id)
+    if not (request.user.is_staff or (run.started_by_id and run.started_by_id == request.user.pk)):
+        raise PermissionDenied("Only the person who started this run, or staff, can cancel or retry it.")
+    return run
 
 
 def _running_first():
@@ -377,7 +386,7 @@ def run_progress(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _get_run_for_user(request, run_id)
+    run = _get_run_to_control_for_user(request, run_id)
     if run.is_final or run.historical:
         messages.info(request, f"Run #{run.pk} has already ended.")
     else:
@@ -389,7 +398,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _get_run_for_user(request, run_id)
+    run = _get_run_to_control_for_user(request, run_id)
     count = 0 if run.historical else control.retry_errors(run)
     if count:
         messages.success(request, f"Retrying {count} errored trial{'s' if count != 1 else ''}.")
@@ -429,7 +438,11 @@ def run_rerun(request: HttpRequest, run_id: int) -> HttpResponse:
         for problem in exc.problems[:20]:
             messages.error(request, f"Cannot re-run: {problem}")
         return redirect(run)
-    messages.success(request, f"Run #{new.pk} launched: the same tasks and settings as run #{run.pk}.")
+    messages.success(
+        request,
+        f"Run #{new.pk} launched: the tasks and options of run #{run.pk}, with the tasks' current "
+        "versions and the experiment's current variants.",
+    )
     return redirect(new)
 
 

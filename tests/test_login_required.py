@@ -34,7 +34,7 @@ def test_it_shows_the_home_page_to_a_member(member_client):
     response = member_client.get("/")
 
     assert response.status_code == 200
-    assert b"Runs" in response.content
+    assert b"Recent runs" in response.content and b"No runs yet" in response.content
 
 
 @pytest.mark.django_db

@@ -364,3 +364,34 @@ def test_two_runs_share_the_workers(tmp_path, celery_worker_process):
     assert finish_times(second)[0] < finish_times(first)[-1]
     assert finish_times(first)[0] < finish_times(second)[-1]
     assert first.n_passed == second.n_passed == 6
+
+
+def test_agents_get_neither_undeclared_secrets_nor_folders_outside_their_bundle(
+    tmp_path, celery_worker_process
+):
+    make_task(tmp_path, "t0", SMALL_TASK.format(slug="t0"))
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        """
+        experiment_id: nosy
+        variants:
+          - variant_id: wants-secret-key
+            agent: {type: command, command: "env > out.txt", secrets: [SECRET_KEY]}
+          - variant_id: oracle
+            agent: {type: oracle}
+        """,
+    )
+
+    asks = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+    # An override is checked against the schema, not the filesystem: the runner must refuse it.
+    options = LaunchOptions(overrides=["reference.directory=/etc"])
+    escapes = wait_for_run(launch_run(experiment, options=options), timeout=60, worker=celery_worker_process)
+
+    nosy = Trial.objects.get(run=asks, variant__slug="wants-secret-key")
+    assert (nosy.status, nosy.error_category) == ("error", "setup")
+    assert "SECRET_KEY" in nosy.error_message and "AGENT_SECRET_NAMES" in nosy.error_message
+    for trial in Trial.objects.filter(run=escapes):
+        assert (trial.status, trial.error_category) == ("error", "setup")
+        assert "leaves the task's bundle" in trial.error_message
+        assert "passwd" not in trial.diff

@@ -1,4 +1,5 @@
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from runs_app.models import Run, Trial
@@ -166,8 +167,8 @@ def test_it_stops_polling_with_286_once_the_run_has_ended(member_client):
     assert b'data-testid="percent">100%' in response.content
 
 
-def test_it_lets_a_member_cancel_a_run(member_client):
-    run = launched_run()
+def test_it_lets_a_member_cancel_a_run_they_started(member_client, member):
+    run = launched_run(user=member)
 
     response = member_client.post(_url("run_cancel", run), follow=True)
 
@@ -178,8 +179,21 @@ def test_it_lets_a_member_cancel_a_run(member_client):
     assert b"Cancelled run" in response.content
 
 
-def test_it_retries_errored_trials_as_new_attempts(member_client):
-    run = finish_run(launched_run(), ["passed", "error"])
+def test_it_refuses_to_cancel_or_retry_someone_elses_run(member_client, outsider, admin_user):
+    run = finish_run(launched_run(user=outsider), ["passed", "error"])
+
+    for name in ("run_cancel", "run_retry"):
+        assert member_client.post(_url(name, run)).status_code == 403
+    assert Trial.objects.filter(run=run, attempt=2).count() == 0
+
+    staff = Client()
+    staff.force_login(admin_user)
+    assert staff.post(_url("run_retry", run)).status_code == 302  # staff may
+    assert Trial.objects.filter(run=run, attempt=2).count() == 3
+
+
+def test_it_retries_errored_trials_as_new_attempts(member_client, member):
+    run = finish_run(launched_run(user=member), ["passed", "error"])
 
     response = member_client.post(_url("run_retry", run), follow=True)
 
