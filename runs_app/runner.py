@@ -238,7 +238,7 @@ class TrialExecution:
         self.heartbeat.start()
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        self.recorder.phase("setup", worker=self.worker, attempt=self.trial.attempt)
+        self.recorder.phase("setup", flush=True, worker=self.worker, attempt=self.trial.attempt)
         try:
             self.setup()
         except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:

@@ -115,9 +115,11 @@ def start_evalrun():
 def test_it_exits_0_streams_events_live_and_writes_reports(celery_worker_process, start_evalrun, tmp_path):
     junit, folder = tmp_path / "junit.xml", tmp_path / "report"
     # No TASK_FILES: the example suite, narrowed to its three smoke tasks by tag.
+    # Each trial waits a second in pre_run, so the run lasts long enough to see events live.
     proc = start_evalrun(
-        "-T", "oracle", "-t", "smoke", "-s", "minimal", "--junit-xml", junit, "--report", folder
-    )
+        "-T", "oracle", "-t", "smoke", "-s", "minimal", "--junit-xml", junit, "--report", folder,
+        "-D", "pre_run=[{command: sleep 1}]",
+    )  # fmt: skip
     lines, first_phase_at = [], None
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
