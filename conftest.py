@@ -155,14 +155,6 @@ class WorkerProcess:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
 

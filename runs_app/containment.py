@@ -137,7 +137,12 @@ def _environ_has(pid: int, token: bytes) -> bool:
 
 
 def _kill_until_gone(find: Callable[[], set[int]], timeout: float = 5.0) -> int:
-    """SIGKILL whatever `find` returns until it returns nothing; the number of processes killed.
+    """SIGKILL whatever `find` returns until it returns nothing; the number of processes killed."""
+    return _sweep(find, timeout)[0]
+
+
+def _sweep(find: Callable[[], set[int]], timeout: float = 5.0) -> tuple[int, bool]:
+    """(processes killed, whether none was left when it stopped).
 
     Repeats because a process may fork between the listing and the kill; the process cap keeps
     the number of rounds small.
@@ -148,7 +153,7 @@ def _kill_until_gone(find: Callable[[], set[int]], timeout: float = 5.0) -> int:
     while True:
         pids = find() - {os.getpid()}
         if not pids or time.monotonic() > deadline:
-            return len(killed)
+            return len(killed), not pids
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -240,8 +245,8 @@ def release_sandbox_uid(uid: int) -> None:
         fd = _LEASES.get(uid)
     if fd is None:
         return
-    kill_uid_processes(uid)
-    if not _pids_of_uid(uid):
+    _, gone = _sweep(lambda: _pids_of_uid(uid))
+    if gone:
         os.pwrite(fd, _CLEAN, 0)
     with _UID_LOCK:
         _LEASES.pop(uid, None)

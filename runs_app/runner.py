@@ -547,9 +547,7 @@ class TrialExecution:
         if self.paths.uid is None:
             return
         for folder in (self.paths.workspace, self.paths.home):
-            for dirpath, dirnames, filenames in os.walk(folder):
-                for name in dirnames + filenames:
-                    os.lchown(os.path.join(dirpath, name), self.paths.uid, self.paths.uid)
+            workspace.chown_tree(folder, self.paths.uid, self.paths.uid)
 
     def _save_artifact(self) -> str:
         data = workspace.make_artifact_tarball(self.paths.workspace, self._ignore_patterns())

@@ -186,7 +186,7 @@ def materialize(
             raise WorkspaceError(f"{where}.type: {kind!r} is not one of template_dir, starter_files, repo")
     owner = workspace.stat()
     if os.geteuid() == 0 and owner.st_uid != 0:
-        _chown_tree(workspace, owner.st_uid, owner.st_gid)
+        chown_tree(workspace, owner.st_uid, owner.st_gid)
 
 
 def _required(source: dict, field: str, where: str) -> object:
@@ -282,7 +282,7 @@ def _clone_repo(workspace: Path, source: dict, timeout: float, where: str) -> No
             raise WorkspaceError(f"{where}: `git {verb}` of {url} failed: {done.stderr.strip()}")
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
+def chown_tree(root: Path, uid: int, gid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             os.lchown(os.path.join(dirpath, name), uid, gid)
