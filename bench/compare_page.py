@@ -226,7 +226,7 @@ def p95(values: list[float]) -> float:
 
 def time_update(run) -> list[str]:
     """Per-update cost of the run page's live stream: one call of the function the stream runs
-    each tick, runs_app.views.run_stream_update, forced to render (no previous state), and one
+    each tick, runs_app.web.runs.run_stream_update, forced to render (no previous state), and one
     tick where nothing changed. Falls back to the page's HTMX fragment if it is missing."""
     from django.contrib.auth import get_user_model
     from django.test import Client, RequestFactory

@@ -56,7 +56,7 @@ def main() -> None:
         django.setup()
         from django.core.management import call_command
 
-        from experiments_app.importing import import_tasks
+        from experiments_app.definitions import import_tasks
         from experiments_app.models import Task
 
         call_command("migrate", verbosity=0)

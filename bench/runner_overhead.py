@@ -72,7 +72,7 @@ def main() -> None:
         from django.core.management import call_command
 
         from evalsite.celery import app
-        from experiments_app.importing import import_experiment, import_tasks
+        from experiments_app.definitions import import_experiment, import_tasks
         from runs_app.launching import LaunchOptions, launch_run
         from runs_app.models import Run, Trial, TrialEvent
 

@@ -209,7 +209,7 @@ STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
     # plotly/plotly.min.js, straight from the installed plotly package (no CDN, no copy).
-    "runs_app.plotly_static.PlotlyFinder",
+    "runs_app.web.plotly_static.PlotlyFinder",
 ]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns at start-up when it is missing

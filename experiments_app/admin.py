@@ -10,8 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
-from experiments_app.exporting import export_tasks_zip
-from experiments_app.importing import ImportFailed, import_tasks
+from experiments_app.definitions import ImportFailed, export_tasks_zip, import_tasks
 from experiments_app.models import Experiment, Task, TaskSet, TaskVersion, Variant
 
 

@@ -4,8 +4,8 @@ import io
 import zipfile
 from pathlib import Path
 
-from experiments_app.bundles import read_bundle, write_bundle_files
 from experiments_app.models import Task
+from experiments_app.specs.bundles import read_bundle, write_bundle_files
 
 
 def task_files(task: Task) -> dict[str, bytes]:

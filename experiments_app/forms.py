@@ -1,26 +1,24 @@
 """Experiment set-up in the browser.
 
 The form is a front end to the YAML format: it builds the experiment as the dict a YAML file
-would hold, validates it with the importer's `ExperimentSpec`, maps each problem back to the
-field that caused it, and stores it the way `import_experiment` does. So an experiment made
-here downloads as YAML that re-imports to the same experiment, and one imported from YAML
-edits here without losing the keys the form has no field for (those sit in the "other"
-YAML boxes).
+would hold, validates it with the importer's `ExperimentSpec` and maps each problem back to the
+field that caused it; `definitions.save_experiment` stores it the way `import_experiment` does.
+So an experiment made here downloads as YAML that re-imports to the same experiment, and one
+imported from YAML edits here without losing the keys the form has no field for (those sit in
+the "other" YAML boxes).
 """
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
 from django import forms
-from django.db import transaction
 from pydantic import ValidationError
 
-from experiments_app import importing
-from experiments_app.loading import _layer_refs
 from experiments_app.models import Experiment, Task, TaskSet, Variant
-from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError
+from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_kinds
+from experiments_app.specs.bundles import read_bundle
+from experiments_app.specs.loading import layer_refs
 
 Loc = tuple[str | int, ...]
 # Paths the create page owns below /experiments/, so no experiment may take these IDs.
@@ -86,9 +84,7 @@ def split_tags(text: str) -> list[str]:
 
 
 def agent_kind_choices() -> list[tuple[str, str]]:
-    from runs_app.agents import known_kinds  # the agent registry lives in runs_app
-
-    return [("", "(from defaults)"), *((kind, kind) for kind in known_kinds())]
+    return [("", "(from defaults)"), *((kind, kind) for kind in agent_kinds.known_kinds())]
 
 
 class ExperimentForm(forms.Form):
@@ -336,11 +332,9 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
 def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -> list[tuple[Loc, str]]:
     """Files and folders a layer points to must travel in the experiment's bundle, which only a
     YAML import builds: the browser can keep the references an import brought, not add new ones."""
-    from experiments_app.bundles import read_bundle
-
-    refs = _layer_refs(spec.defaults, ("defaults",))
+    refs = layer_refs(spec.defaults, ("defaults",))
     for i, variant in enumerate(spec.variants):
-        refs += _layer_refs(variant, ("variants", i))
+        refs += layer_refs(variant, ("variants", i))
     if not refs:
         return []
     bundled: set[str] = set()
@@ -447,109 +441,6 @@ def _variant_field(source: VariantSource, loc: Loc) -> tuple[VariantForm, str | 
             return form, source.mutation_fields[loc[1]], loc[2:]
         return form, "other", loc
     return form, "other", loc
-
-
-# --- storing, exporting, duplicating --------------------------------------------------------
-
-
-def save_experiment(
-    spec: ExperimentSpec, *, name: str, experiment: Experiment | None = None, user=None
-) -> Experiment:
-    """Store a validated spec the way `import_experiment` stores a YAML file."""
-    defaults = spec.defaults.model_dump(mode="json", exclude_unset=True)
-    fields = {
-        "name": name,
-        "description": spec.description,
-        "defaults": defaults,
-        "include_tags": list(spec.tags),
-        "exclude_tags": list(spec.exclude_tags),
-        "repeats": defaults.get("repeats") or 1,
-        "max_parallel": spec.max_parallel,
-        "gates": [gate.model_dump(mode="json") for gate in spec.gates],
-    }
-    with transaction.atomic():
-        if experiment is None:
-            experiment = Experiment.objects.create(slug=spec.experiment_id, created_by=user, **fields)
-        else:
-            for key, value in fields.items():
-                setattr(experiment, key, value)
-            experiment.save(update_fields=[*fields, "updated_at"])
-        experiment.task_sets.set(TaskSet.objects.filter(name__in=spec.task_sets))
-        # The importer's own variant storage, so both paths give the same rows.
-        loaded = SimpleNamespace(spec=spec, variant_prompts={}, source_path="the experiment form")
-        importing._store_variants(experiment, loaded)
-        experiment.source_yaml = experiment_yaml(experiment)
-        experiment.save(update_fields=["source_yaml"])
-    return experiment
-
-
-def experiment_spec_data(experiment: Experiment) -> dict:
-    """The experiment as YAML data that `import_experiment` turns back into the same experiment."""
-    data: dict[str, Any] = {"experiment_id": experiment.slug}
-    if experiment.description:
-        data["description"] = experiment.description
-    task_sets = [task_set.name for task_set in experiment.task_sets.order_by("name")]
-    if task_sets:
-        data["task_sets"] = task_sets
-    data["tags"] = list(experiment.include_tags)
-    if experiment.exclude_tags:
-        data["exclude_tags"] = list(experiment.exclude_tags)
-    data["max_parallel"] = experiment.max_parallel
-    if experiment.baseline_id:
-        data["baseline"] = experiment.baseline.slug
-    if experiment.gates:
-        data["gates"] = experiment.gates
-    data["defaults"] = {**experiment.defaults, "repeats": experiment.repeats}
-    data["variants"] = [_variant_spec_data(v) for v in experiment.variants.order_by("position", "pk")]
-    return data
-
-
-def _variant_spec_data(variant: Variant) -> dict:
-    data: dict[str, Any] = {"variant_id": variant.slug}
-    if variant.description:
-        data["description"] = variant.description
-    for key in ("agent", "run_limits", "prompt_mutations"):
-        if getattr(variant, key):
-            data[key] = getattr(variant, key)
-    if variant.repeats is not None:
-        data["repeats"] = variant.repeats
-    data.update(variant.overrides)
-    return data
-
-
-def experiment_yaml(experiment: Experiment) -> str:
-    # A comment: the YAML format has no name field (a newline would end the comment early).
-    header = f"# {' '.join(experiment.name.split())}\n" if experiment.name else ""
-    return header + yaml.safe_dump(
-        experiment_spec_data(experiment), sort_keys=False, allow_unicode=True, default_flow_style=False
-    )
-
-
-def duplicate_experiment(experiment: Experiment, user=None) -> Experiment:
-    """A copy under a free `<id>-copy[-N]` ID, with the same variants, task sets and files."""
-    slug = f"{experiment.slug}-copy"
-    taken = set(Experiment.objects.filter(slug__startswith=slug).values_list("slug", flat=True))
-    number = 2
-    while slug in taken:
-        slug = f"{experiment.slug}-copy-{number}"
-        number += 1
-    variants = list(experiment.variants.order_by("position", "pk"))
-    task_sets = list(experiment.task_sets.all())
-    baseline_slug = experiment.baseline.slug if experiment.baseline_id else None
-    with transaction.atomic():
-        copy = Experiment.objects.get(pk=experiment.pk)
-        copy.pk, copy.slug, copy.baseline, copy.created_by = None, slug, None, user
-        copy.name = f"{experiment.name} (copy)" if experiment.name else ""
-        copy.save()
-        copy.task_sets.set(task_sets)
-        for variant in variants:
-            variant.pk, variant.experiment = None, copy
-            variant.save()
-            if variant.slug == baseline_slug:
-                copy.baseline = variant
-        copy.source_yaml = experiment_yaml(copy)
-        copy.save(update_fields=["baseline", "source_yaml"])
-    return copy
 
 
 # --- launching, task sets, task lists -----------------------------------------------------------

@@ -56,6 +56,12 @@ class TaskQuerySet(models.QuerySet):
 class Task(models.Model):
     """The current state of a task; every imported change becomes a TaskVersion."""
 
+    # What a new version sets on its task (bulk imports update exactly these).
+    VERSIONED_FIELDS = (
+        "description", "prompt", "tags", "skip", "spec", "source_yaml", "source_path", "bundle",
+        "version", "warnings",
+    )  # fmt: skip
+
     slug = models.SlugField(max_length=200, unique=True, help_text="coder-eval task_id")
     description = models.TextField(blank=True)
     prompt = models.TextField(blank=True)
@@ -89,6 +95,23 @@ class Task(models.Model):
     def current_version(self) -> "TaskVersion":
         return self.versions.get(number=self.version)
 
+    def add_version(
+        self, *, spec: dict, prompt: str, source_yaml: str, yaml_path: str, bundle_id: str,
+        source_path: str = "", dataset_rows: list | None = None, description: str = "",
+        tags: list[str] | None = None, skip: bool = False, warnings: list[str] | None = None,
+    ) -> "TaskVersion":  # fmt: skip
+        """The one place a TaskVersion is made: the next number (1 for a new task), and this
+        task's fields set to the new version's, so `version` always names the newest one.
+        Returns the version unsaved: the caller saves both (imports do it in bulk)."""
+        self.version = 1 if self._state.adding else self.version + 1
+        self.spec, self.prompt, self.source_yaml, self.source_path = spec, prompt, source_yaml, source_path
+        self.bundle_id, self.description, self.skip = bundle_id, description, skip
+        self.tags, self.warnings = list(tags or []), list(warnings or [])
+        return TaskVersion(
+            task=self, number=self.version, spec=spec, prompt=prompt, source_yaml=source_yaml,
+            yaml_path=yaml_path, bundle_id=bundle_id, dataset_rows=list(dataset_rows or []),
+        )  # fmt: skip
+
 
 class TaskVersion(models.Model):
     """An immutable snapshot of a task: runs point here, so editing a task never changes a past run."""
@@ -118,6 +141,12 @@ class TaskVersion(models.Model):
         return self.bundle_id
 
 
+class ExperimentQuerySet(models.QuerySet):
+    def with_variants(self):
+        """Experiments with their baseline and variants loaded (lists and the API)."""
+        return self.select_related("baseline").prefetch_related("variants")
+
+
 class Experiment(models.Model):
     slug = models.SlugField(max_length=200, unique=True, help_text="coder-eval experiment_id")
     name = models.CharField(max_length=200, blank=True)
@@ -140,6 +169,8 @@ class Experiment(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ExperimentQuerySet.as_manager()
 
     class Meta:
         ordering = ["slug"]

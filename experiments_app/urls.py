@@ -2,18 +2,16 @@ from django.urls import path
 
 from experiments_app import views
 
+# Set-up pages. The experiment list, page and launch (pages that show runs) are runs_app's;
+# evalsite/urls.py includes these first, so "new" is never taken for an experiment ID.
 urlpatterns = [
-    path("experiments/", views.experiment_list, name="experiment_list"),
-    # Before <slug:slug>/, so "new" is a reserved experiment ID (the form refuses it).
     path("experiments/new/", views.experiment_create, name="experiment_create"),
     path(
         "experiments/new/matching-tasks/", views.experiment_matching_tasks, name="experiment_matching_tasks"
     ),
-    path("experiments/<slug:slug>/", views.experiment_detail, name="experiment_detail"),
     path("experiments/<slug:slug>/edit/", views.experiment_edit, name="experiment_edit"),
     path("experiments/<slug:slug>/duplicate/", views.experiment_duplicate, name="experiment_duplicate"),
     path("experiments/<slug:slug>/yaml/", views.experiment_yaml, name="experiment_yaml"),
-    path("experiments/<slug:slug>/launch/", views.experiment_launch, name="experiment_launch"),
     path("task-sets/", views.taskset_list, name="taskset_list"),
     path("task-sets/<slug:name>/", views.taskset_detail, name="taskset_detail"),
     path("task-sets/<slug:name>/edit/", views.taskset_edit, name="taskset_edit"),

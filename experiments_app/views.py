@@ -1,14 +1,18 @@
-"""Experiment, task set and task pages: set up an experiment in the browser and launch it."""
+"""Experiment set-up, task set and task pages: what to evaluate.
+
+The pages that show runs (the experiment list and page, launching) live in `runs_app.web`.
+"""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from experiments_app import definitions
 from experiments_app import forms as ef
 from experiments_app.models import Experiment, Task, TaskSet
 
@@ -22,49 +26,7 @@ def _get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
     return get_object_or_404(Experiment.objects.select_related("baseline"), slug=slug)
 
 
-def _last_run(field: str) -> Subquery:
-    from runs_app.models import Run  # runs_app depends on experiments_app, never the reverse at import
-
-    newest = Run.objects.filter(experiment=OuterRef("pk")).order_by("-created_at", "-pk")
-    return Subquery(newest.values(field)[:1])
-
-
-def with_last_run(experiments):
-    """Annotate each experiment with its newest run's id, status and counts (one query)."""
-    names = ("pk", "status", "n_trials", "n_passed", "n_failed", "n_error", "created_at")
-    return experiments.annotate(**{f"last_run_{name}": _last_run(name) for name in names})
-
-
-# --- experiments --------------------------------------------------------------------------------
-
-
-@login_required
-@require_GET
-def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = with_last_run(Experiment.objects.prefetch_related("variants")).order_by("slug")
-    return render(request, "experiments/experiment_list.html", {"experiments": experiments})
-
-
-@login_required
-@require_GET
-def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    experiment = _get_experiment_for_user(request, slug)
-    tasks = experiment.selected_tasks()
-    task_count = tasks.count()
-    variants = list(experiment.variants.order_by("position", "pk"))
-    ctx = {
-        "experiment": experiment,
-        "variants": variants,
-        # Dataset tasks fan out into one trial per row, so this is a lower bound.
-        "trials_per_run": task_count * sum(v.effective_repeats() for v in variants),
-        "task_sets": experiment.task_sets.all(),
-        "task_count": task_count,
-        "task_preview": tasks[:TASK_PREVIEW],
-        "task_more": max(0, task_count - TASK_PREVIEW),
-        "runs": experiment.runs.select_related("started_by").order_by("-created_at")[:20],
-        "launch_form": ef.LaunchForm(),
-    }
-    return render(request, "experiments/experiment_detail.html", ctx)
+# --- experiment set-up ----------------------------------------------------------------------
 
 
 @login_required
@@ -106,7 +68,7 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None) ->
         ef.apply_issues(issues, form, formset, sources)
         return None
     name = form.cleaned_data["name"].strip()
-    return ef.save_experiment(spec, name=name, experiment=experiment, user=request.user)
+    return definitions.save_experiment(spec, name=name, experiment=experiment, user=request.user)
 
 
 def _form_context(form, formset, experiment: Experiment | None) -> dict:
@@ -143,7 +105,7 @@ def experiment_matching_tasks(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
-    copy = ef.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
+    copy = definitions.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
     messages.success(request, f"Duplicated as {copy.slug}: rename it, change what you want to try, save.")
     return redirect("experiment_edit", slug=copy.slug)
 
@@ -152,31 +114,11 @@ def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def experiment_yaml(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = _get_experiment_for_user(request, slug)
-    response = HttpResponse(ef.experiment_yaml(experiment), content_type="application/yaml; charset=utf-8")
+    response = HttpResponse(
+        definitions.experiment_yaml(experiment), content_type="application/yaml; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="{experiment.slug}.yaml"'
     return response
-
-
-@login_required
-@require_POST
-def experiment_launch(request: HttpRequest, slug: str) -> HttpResponse:
-    from runs_app.launching import LaunchError, LaunchOptions, launch_run
-
-    experiment = _get_experiment_for_user(request, slug)
-    form = ef.LaunchForm(request.POST)
-    if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"Launch: {field}: {' '.join(errors)}")
-        return redirect(experiment)
-    options = LaunchOptions(**{k: v for k, v in form.cleaned_data.items() if v not in (None, [])})
-    try:
-        run = launch_run(experiment, user=request.user, options=options)
-    except LaunchError as exc:
-        for problem in exc.problems[:20]:
-            messages.error(request, f"Cannot launch: {problem}")
-        return redirect(experiment)
-    messages.success(request, f"Launched run #{run.pk}: {run.n_trials} trials.")
-    return redirect(run)
 
 
 # --- task sets and tasks --------------------------------------------------------------------

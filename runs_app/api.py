@@ -2,15 +2,13 @@
 
 Authentication is a personal token only (`Authorization: Bearer <token>`, see tokens.py): no
 session, so browser cookies never authorise an API call and CSRF does not apply. A token acts
-as its user. Runs and experiments are visible to every user (a team tool); cancel and
-retry-errors are allowed to the run's starter and to staff. Every error is JSON,
+as its user. Runs and experiments are visible to every user (a team tool); who may cancel or
+retry a run is `control.ensure_controllable`'s rule (its starter and staff). Every error is JSON,
 `{"detail": message, "field": name or null}`, with a 4xx status.
 
 Schema: /api/openapi.json; interactive docs: /api/docs.
 """
 
-import csv
-from collections.abc import Iterator
 from datetime import datetime
 from functools import wraps
 from typing import Annotated, Any, Literal
@@ -24,9 +22,11 @@ from ninja.security import HttpBearer
 from pydantic import AfterValidator, ConfigDict, StringConstraints
 
 from experiments_app.models import Experiment
-from experiments_app.resolve import OverrideError, parse_overrides
-from experiments_app.specs import AGENT_KINDS
-from runs_app import comparison, control
+from experiments_app.specs import agent_kinds
+from experiments_app.specs.resolve import OverrideError, parse_overrides
+from runs_app import control
+from runs_app.analysis import exports
+from runs_app.analysis.load import compare_runs
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tokens import verify_token
@@ -57,7 +57,16 @@ def _no_control_characters(value: str) -> str:
     return value
 
 
+def _known_kind(value: str) -> str:
+    if not agent_kinds.is_known(value):
+        raise ValueError(
+            f"unknown agent kind {value!r}; expected one of: {', '.join(agent_kinds.known_kinds())}"
+        )
+    return value
+
+
 Text = Annotated[str, StringConstraints(max_length=1000), AfterValidator(_no_control_characters)]
+AgentKindName = Annotated[str, StringConstraints(max_length=200), AfterValidator(_known_kind)]
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN, max_length=100)]
 ModelName = Annotated[
     str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_control_characters)
@@ -138,6 +147,11 @@ def _field_name(loc: tuple | list) -> str | None:
     return ".".join(parts) or None
 
 
+@api.exception_handler(control.ControlRefused)
+def _control_refused(request: HttpRequest, exc: control.ControlRefused) -> HttpResponse:
+    return _error(request, 403 if exc.forbidden else 409, str(exc))
+
+
 @api.exception_handler(LaunchError)
 def _launch_error(request: HttpRequest, exc: LaunchError) -> HttpResponse:
     return _error(request, 400, "the run cannot start: " + "; ".join(exc.problems), "overrides")
@@ -177,7 +191,7 @@ class LaunchIn(Schema):
     exclude_tags: list[Tag] | None = Field(None, max_length=100)
     sample: int | None = Field(None, ge=1, le=100_000, description="run this many tasks, chosen with seed")
     seed: int | None = Field(None, ge=0, le=MAX_ID)
-    agent_type: Literal[AGENT_KINDS] | None = Field(None, description="agent kind for every variant")
+    agent_type: AgentKindName | None = Field(None, description="agent kind for every variant")
     model: ModelName | None = Field(None, description="model for every variant")
 
 
@@ -223,6 +237,7 @@ class RetryOut(Schema):
 
 class TrialOut(Schema):
     id: int
+    run: int
     variant: str
     task: str
     task_version: int
@@ -242,8 +257,10 @@ class TrialOut(Schema):
     budget_exceeded: str
     error_category: str
     error_message: str
+    config_fingerprint: str
     started_at: datetime | None
     finished_at: datetime | None
+    label: str
     url: str
 
 
@@ -272,7 +289,7 @@ RunId = Path(..., ge=1, le=MAX_ID)
 
 @api.get("/experiments", response={200: list[ExperimentOut], **ERRORS}, summary="List experiments")
 def list_experiments(request: HttpRequest):
-    experiments = Experiment.objects.select_related("baseline").prefetch_related("variants").order_by("slug")
+    experiments = Experiment.objects.with_variants().order_by("slug")
     return [_experiment_out(experiment) for experiment in experiments]
 
 
@@ -315,23 +332,20 @@ def list_trials(request: HttpRequest, query: Query[TrialQuery], run_id: int = Ru
         return _trials_csv(run, trials)
     total = trials.count()
     start = (query.page - 1) * query.page_size
-    items = list(trials[start : start + query.page_size])
     more = start + query.page_size < total
     return {
         "count": total,
         "page": query.page,
         "page_size": query.page_size,
         "next_page": query.page + 1 if more else None,
-        "items": [_trial_out(trial) for trial in items],
+        "items": list(exports.trial_rows(trials[start : start + query.page_size])),
     }
 
 
 @api.post("/runs/{run_id}/cancel", response={200: RunOut, **ERRORS}, summary="Cancel a run")
 def cancel(request: HttpRequest, run_id: int = RunId):
-    run = _get_run_to_control(request, run_id)
-    if run.is_final:
-        raise ApiError(409, f"run {run.pk} has already ended ({run.status})")
-    control.cancel_run(run)
+    run = _get_run(run_id)
+    control.cancel_run(run, request.auth)
     return _run_out(_get_run(run.pk))
 
 
@@ -339,8 +353,8 @@ def cancel(request: HttpRequest, run_id: int = RunId):
     "/runs/{run_id}/retry-errors", response={200: RetryOut, **ERRORS}, summary="Retry a run's errored trials"
 )
 def retry_errors(request: HttpRequest, run_id: int = RunId):
-    run = _get_run_to_control(request, run_id)
-    retried = control.retry_errors(run)
+    run = _get_run(run_id)
+    retried = control.retry_errors(run, request.auth)
     return {"retried": retried, "run": _run_out(_get_run(run.pk))}
 
 
@@ -362,17 +376,6 @@ def _get_run(run_id: int) -> Run:
     run = Run.objects.select_related("experiment", "started_by").filter(pk=run_id).first()
     if run is None:
         raise ApiError(404, f"no run {run_id}", "run_id")
-    return run
-
-
-def _get_run_to_control(request: HttpRequest, run_id: int) -> Run:
-    """The run, if the token's user may cancel or retry it: its starter, or staff."""
-    run = _get_run(run_id)
-    user = request.auth
-    if not (user.is_staff or (run.started_by_id is not None and run.started_by_id == user.pk)):
-        raise ApiError(403, "only the user who started this run, or staff, may cancel or retry it")
-    if run.historical:
-        raise ApiError(409, f"run {run.pk} was imported from coder-eval and is read-only")
     return run
 
 
@@ -419,14 +422,13 @@ def _run_out(run: Run) -> dict:
 def run_summary(run: Run) -> dict:
     """The comparison page's summary: per variant (arm) counts, pass rate with its 95% interval
     (errors apart), mean score, tokens, cost; each arm against the baseline; warnings."""
-    return comparison.compare_runs([run]).to_dict()
+    return compare_runs([run]).to_dict()
 
 
 def _trials_of(run: Run, query: TrialQuery):
     trials = (
         Trial.objects.for_run(run)
-        .latest()
-        .select_related("variant", "task_version__task")
+        .current()
         .order_by("variant__position", "task_version__task__slug", "dataset_row_id", "replicate", "pk")
     )
     if query.status:
@@ -436,46 +438,8 @@ def _trials_of(run: Run, query: TrialQuery):
     return trials
 
 
-def _trial_out(trial: Trial) -> dict:
-    return {
-        "id": trial.pk,
-        "variant": trial.variant.slug,
-        "task": trial.task_version.task.slug,
-        "task_version": trial.task_version.number,
-        **{field: getattr(trial, field) for field in CSV_FIELDS[4:]},
-        "url": trial.get_absolute_url(),
-    }
-
-
-CSV_FIELDS = [
-    "id", "variant", "task", "task_version", "replicate", "dataset_row_id", "status", "attempt",
-    "score", "duration_seconds", "input_tokens", "output_tokens", "cache_read_tokens",
-    "cache_creation_tokens", "cost_usd", "turns", "timed_out", "budget_exceeded",
-    "error_category", "error_message", "started_at", "finished_at",
-]  # fmt: skip
-
-
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
 def _trials_csv(run: Run, trials) -> StreamingHttpResponse:
-    writer = csv.writer(_Echo())
-
-    def rows() -> Iterator[str]:
-        yield writer.writerow(CSV_FIELDS)
-        for trial in trials.iterator(chunk_size=500):
-            out = _trial_out(trial)
-            yield writer.writerow([_csv_cell(out[field]) for field in CSV_FIELDS])
-
-    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    lines = exports.csv_lines(exports.trial_rows(trials, chunk_size=500), exports.TRIAL_COLUMNS)
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trials.csv"'
     return response
-
-
-def _csv_cell(value: Any) -> Any:
-    # Agent-written text opened in a spreadsheet must not run as a formula.
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@"):
-        return "'" + value
-    return "" if value is None else value

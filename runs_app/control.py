@@ -1,22 +1,73 @@
-"""Run control in plain Python: dispatch with per-run concurrency, finishing, cancel, retry,
-resume and the lease reaper. Celery tasks in tasks.py only call these.
+"""Run control in plain Python: who may control a run, dispatch with per-run concurrency,
+executing a worker's trials, finishing, cancel, retry, resume and the lease reaper.
+
+The Celery tasks in tasks.py only call these. Messages to the workers are sent by task name
+(`send_task`), so this module never imports the tasks that import it.
+
+Finishing a run happens in two steps so the run's row lock is never held while its summary is
+computed: the last trial's recount (under the lock) sees nothing pending; the suites and gates
+are then judged with the lock released, and a second short locked write stores them with the
+final status, unless a retry reopened the run meanwhile. So `is_final` always comes with its
+gates.
 """
 
 import logging
+import time
 from datetime import timedelta
 from functools import partial
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from runs_app import gates
+from runs_app.analysis import gates
+from runs_app.analysis.load import run_facts
+from runs_app.engine import runner
+from runs_app.engine.suites import evaluate_suites
 from runs_app.models import Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
 
-PENDING = (Trial.Status.QUEUED, Trial.Status.RUNNING)
+EXECUTE_TRIAL = "runs_app.tasks.execute_trial"
+DISPATCH_RUN = "runs_app.tasks.dispatch_run"
+# How long a worker process keeps running reserved trials of one run before it goes back to
+# the broker (where other runs' trials wait their turn).
+CHAIN_SECONDS = 2.0
+# Who controls a run from a terminal (`evalrun --resume`): the machine's operator, not a user.
+COMMAND_LINE = "the command line"
+
+
+class ControlRefused(Exception):
+    """This run cannot be controlled this way: `forbidden` (403) or not now (409)."""
+
+    def __init__(self, message: str, *, forbidden: bool = False):
+        self.forbidden = forbidden
+        super().__init__(message)
+
+
+def ensure_controllable(run: Run, user) -> None:
+    """The one rule for cancel, retry and resume: the person who started the run, or staff (or
+    the command line); never a historical (imported) run, which is read-only."""
+    allowed = (
+        user is COMMAND_LINE
+        or user.is_staff
+        or (run.started_by_id is not None and run.started_by_id == user.pk)
+    )
+    if not allowed:
+        raise ControlRefused(
+            "only the person who started this run, or staff, may cancel, retry or resume it", forbidden=True
+        )
+    if run.historical:
+        raise ControlRefused(f"run {run.pk} was imported from coder-eval and is read-only")
+
+
+def enqueue_dispatch(run_id: int) -> None:
+    current_app.send_task(DISPATCH_RUN, args=(run_id,))
+
+
+# --- dispatching and executing ------------------------------------------------------------------
 
 
 def dispatch(run_id: int, reserve: bool = False) -> int | None:
@@ -39,11 +90,9 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
 def _dispatch_locked(run: Run, reserve: bool, occupied: int | None = None) -> int | None:
     """dispatch() for a run whose row the current transaction has locked. `occupied` (trials
     running or sent) may come from a recount made in the same transaction."""
-    from runs_app.tasks import execute_trial
-
     if run.cancel_requested or run.is_final or run.historical:
         return None
-    current = Trial.objects.filter(run=run, is_latest=True)
+    current = Trial.objects.for_run(run).current()
     if occupied is None:
         occupied = current.filter(
             Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
@@ -59,7 +108,7 @@ def _dispatch_locked(run: Run, reserve: bool, occupied: int | None = None) -> in
     Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
     reserved = ids.pop(0) if reserve and ids else None
     for trial_id in ids:
-        transaction.on_commit(partial(execute_trial.delay, trial_id))
+        transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,)))
     return reserved
 
 
@@ -71,69 +120,110 @@ def release(trial_id: int) -> None:
         dispatch(run_id)
 
 
+def execute(trial_id: int, worker: str) -> str | None:
+    """Run a trial to a final state, then, for a short while, further trials of the same run
+    reserved by dispatch (no broker round trip between them). Returns the first trial's final
+    status, or None when it was not ours to run (taken by another worker, or already ended)."""
+    chain_until = time.monotonic() + CHAIN_SECONDS
+    if not runner.claim(trial_id, worker):
+        return None
+    status, run_id = runner.run_claimed(trial_id, worker)
+    next_id = after_trial(run_id, reserve=True)
+    while next_id is not None:
+        if not runner.claim(next_id, worker):
+            release(next_id)
+            break
+        _, run_id = runner.run_claimed(next_id, worker)
+        next_id = after_trial(run_id, reserve=time.monotonic() < chain_until)
+    return status
+
+
+# --- finishing ------------------------------------------------------------------------------------
+
+
+def _nothing_left(run: Run) -> bool:
+    return not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials > 0
+
+
+def after_trial(run_id: int, reserve: bool = False) -> int | None:
+    """Called when a trial of the run reached a final state: recount, then fill the freed slot
+    or finish the run. Returns a reserved trial to run next when `reserve` is asked (see dispatch)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        sent = run.refresh_counts()
+        if not _nothing_left(run):
+            return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
+    finish_run(run_id)
+    return None
+
+
 def refresh_run(run_id: int) -> Run:
     """Recount the run from its trials and finish it when nothing is pending."""
     with transaction.atomic():
         # Locked, so two workers finishing at once cannot write a stale count last.
         run = Run.objects.select_for_update().get(pk=run_id)
         run.refresh_counts()
-        if not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials:
-            _finish(run)
+    if _nothing_left(run):
+        return finish_run(run_id)
     return run
 
 
-def _finish(run: Run) -> None:
-    from runs_app.suites import evaluate_suites
-
-    run.status = Run.Status.CANCELLED if run.cancel_requested else Run.Status.FINISHED
-    run.finished_at = timezone.now()
-    run.suite_results = evaluate_suites(run)
-    # Gates read the suites above, so they come last.
-    run.gate_results = gates.evaluate_run(run)
-    run.gates_passed = gates.all_passed(run.gate_results)
-    run.save(update_fields=["status", "finished_at", "suite_results", "gate_results", "gates_passed"])
+def finish_run(run_id: int) -> Run:
+    """Judge the suites and gates of a run with nothing pending (no lock held), then store them
+    with the final status in one short locked write."""
+    run = Run.objects.get(pk=run_id)
+    suite_results = evaluate_suites(run)
+    gate_results = _judge_gates(run, suite_results)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.is_final or Trial.objects.for_run(run).current().pending().exists():
+            return run  # finished by another worker, or reopened by a retry meanwhile
+        run.status = Run.Status.CANCELLED if run.cancel_requested else Run.Status.FINISHED
+        run.finished_at = timezone.now()
+        run.suite_results = suite_results
+        run.gate_results = gate_results
+        run.gates_passed = gates.all_passed(gate_results)
+        run.save(update_fields=["status", "finished_at", "suite_results", "gate_results", "gates_passed"])
     logger.info("run %s %s: %s passed, %s failed, %s errors", run.pk, run.status, run.n_passed,
                 run.n_failed, run.n_error)  # fmt: skip
+    return run
 
 
-def after_trial(run_id: int, reserve: bool = False) -> int | None:
-    """Called when a trial of the run reached a final state; returns a reserved trial to run
-    next when `reserve` is asked (see dispatch)."""
-    with transaction.atomic():
-        # One locked transaction recounts, then finishes the run or fills the freed slot.
-        run = Run.objects.select_for_update().get(pk=run_id)
-        sent = run.refresh_counts()
-        if not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials:
-            _finish(run)
-            return None
-        return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
+def _judge_gates(run: Run, suite_results: list[dict]) -> list[dict]:
+    if not run.gates:
+        return []
+    try:
+        return gates.evaluate_gates(list(run.gates), run_facts(run, suite_results))
+    except Exception as exc:
+        # The run must still finish; a gate nobody could judge counts as failed.
+        logger.exception("run %s: gate evaluation crashed", run.pk)
+        return gates.unjudged(list(run.gates), f"gate evaluation crashed: {exc!r}")
 
 
-def mark_run_started(run_id: int) -> None:
-    Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
-        status=Run.Status.RUNNING, started_at=timezone.now()
-    )
+# --- cancel, retry, resume ------------------------------------------------------------------------
 
 
-def cancel_run(run: Run) -> Run:
+def cancel_run(run: Run, by) -> Run:
     """Stop dispatching, cancel what waits; running agents see the flag within half a second
     and are killed, their trials ending `cancelled`."""
+    ensure_controllable(run, by)
+    if run.is_final:
+        raise ControlRefused(f"run {run.pk} has already ended ({run.status})")
     now = timezone.now()
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
-        Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.QUEUED).update(
+        Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED).update(
             status=Trial.Status.CANCELLED, finished_at=now, error_category="cancelled"
         )
     return refresh_run(run.pk)
 
 
-def retry_errors(run: Run) -> int:
+def retry_errors(run: Run, by) -> int:
     """New attempts for the run's errored trials (the old ones are kept); passed and failed
     trials never run again."""
+    ensure_controllable(run, by)
     with transaction.atomic():
-        errored = list(
-            Trial.objects.select_for_update().filter(run=run, is_latest=True, status=Trial.Status.ERROR)
-        )
+        errored = list(Trial.objects.select_for_update().filter(run=run, status=Trial.Status.ERROR).current())
         if not errored:
             return 0
         Trial.objects.filter(pk__in=[t.pk for t in errored]).update(is_latest=False)
@@ -143,22 +233,24 @@ def retry_errors(run: Run) -> int:
     return len(errored)
 
 
-def resume_run(run: Run) -> int:
+def resume_run(run: Run, by) -> int:
     """Finish a crashed or cancelled run: trials that never reached an outcome run again;
     passed, failed and errored trials are kept."""
+    ensure_controllable(run, by)
+    current = Trial.objects.for_run(run).current()
     with transaction.atomic():
-        Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.CANCELLED).update(
+        current.filter(status=Trial.Status.CANCELLED).update(
             status=Trial.Status.QUEUED, attempt=F("attempt") + 1, dispatched_at=None, finished_at=None,
             error_category="", error_message="",
         )  # fmt: skip
         # A crashed worker's trials: the reaper would return them once their lease expires;
         # resuming says the operator knows the worker is gone.
-        Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.RUNNING).update(
+        current.filter(status=Trial.Status.RUNNING).update(
             status=Trial.Status.QUEUED, attempt=F("attempt") + 1, dispatched_at=None,
             lease_owner="", lease_expires_at=None,
         )  # fmt: skip
-        Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.QUEUED).update(dispatched_at=None)
-        pending = Trial.objects.filter(run=run, is_latest=True, status=Trial.Status.QUEUED).count()
+        current.filter(status=Trial.Status.QUEUED).update(dispatched_at=None)
+        pending = current.filter(status=Trial.Status.QUEUED).count()
         _reopen(run)
     dispatch(run.pk)
     # With nothing left to run no trial will end to finish the run: finish it here.
@@ -187,6 +279,9 @@ def _next_attempt(trial: Trial) -> Trial:
         attempt=trial.attempt + 1,
         previous_attempt=trial,
     )
+
+
+# --- the reaper ------------------------------------------------------------------------------------
 
 
 def reap_expired_leases() -> int:
@@ -227,7 +322,7 @@ def reap_expired_leases() -> int:
             _append_event(trial_id, TrialEvent.Kind.SYSTEM, {"text": note})
             logger.warning("trial %s: %s", trial_id, note)
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
-    lost = Trial.objects.filter(status=Trial.Status.QUEUED, is_latest=True, dispatched_at__lt=stale)
+    lost = Trial.objects.current().filter(status=Trial.Status.QUEUED, dispatched_at__lt=stale)
     runs.update(lost.values_list("run_id", flat=True).distinct())
     lost.update(dispatched_at=None)
     # Runs that still wait on work (e.g. every message of a killed worker was lost).

@@ -10,6 +10,7 @@ import random
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 import evalsite
 from experiments_app.models import Experiment, TaskVersion, Variant
-from experiments_app.resolve import (
+from experiments_app.specs.resolve import (
     OverrideError,
     ResolveError,
     config_fingerprint,
@@ -27,6 +28,7 @@ from experiments_app.resolve import (
     resolve,
     trial_layers,
 )
+from runs_app import control
 from runs_app.models import Run, Trial
 
 ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
@@ -59,8 +61,6 @@ class LaunchOptions:
 
 def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
     """Create a run with all its trials (queued) and dispatch it once committed."""
-    from runs_app.tasks import dispatch_run
-
     options = options or LaunchOptions()
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
     overrides = _override_layer(options)
@@ -100,8 +100,29 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
         run.fingerprint = _run_fingerprint(trials)
         run.save(update_fields=["fingerprint"])
         run.refresh_counts()
-        transaction.on_commit(lambda: dispatch_run.delay(run.pk))
+        transaction.on_commit(partial(control.enqueue_dispatch, run.pk))
     return run
+
+
+def rerun_options(run: Run) -> LaunchOptions:
+    """The options that launch the same tasks with the same settings as `run` did."""
+    config = run.config or {}
+    chosen = config.get("options") or {}
+    experiment = config.get("experiment") or {}
+    return LaunchOptions(
+        overrides=list(run.overrides),
+        repeats=chosen.get("repeats"),
+        max_parallel=run.max_parallel,
+        tags=experiment.get("include_tags"),
+        exclude_tags=experiment.get("exclude_tags"),
+        include_skipped=bool(chosen.get("include_skipped")),
+        task_slugs=sorted(config.get("tasks") or {}) or None,
+        sample_per_stratum=chosen.get("sample_per_stratum"),
+        seed=run.sample_seed,
+        keep_artifacts=run.keep_artifacts,
+        agent_type=chosen.get("agent_type"),
+        model=chosen.get("model"),
+    )
 
 
 def _override_layer(options: LaunchOptions) -> dict:

@@ -1,9 +1,41 @@
 from django.conf import settings
 from django.db import models
-from django.db.models import Count, Q
+from django.db.models import Case, Count, IntegerField, OuterRef, Q, Subquery, Value, When
 from django.urls import reverse
+from django.utils import timezone
 
 from experiments_app.models import Experiment, TaskVersion, Variant
+
+
+class RunQuerySet(models.QuerySet):
+    # Large columns the run lists never show.
+    HEAVY_FIELDS = ("config", "suite_results", "gates", "gate_results")
+
+    def listed(self):
+        """Runs as the lists show them: with their experiment, without the large columns."""
+        return self.select_related("experiment").defer(*self.HEAVY_FIELDS)
+
+    def running_first(self):
+        """Queued and running runs first, then the others, newest first within each group."""
+        live = Case(
+            When(status__in=["queued", "running"], then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return self.order_by(live, "-created_at")
+
+    def mark_started(self, run_id: int) -> int:
+        """A queued run becomes running when its first trial is claimed."""
+        return self.filter(pk=run_id, status=Run.Status.QUEUED).update(
+            status=Run.Status.RUNNING, started_at=timezone.now()
+        )
+
+
+def with_last_run(experiments):
+    """Annotate each experiment with its newest run's id, status and counts (one query)."""
+    newest = Run.objects.filter(experiment=OuterRef("pk")).order_by("-created_at", "-pk")
+    names = ("pk", "status", "n_trials", "n_passed", "n_failed", "n_error", "created_at")
+    return experiments.annotate(**{f"last_run_{name}": Subquery(newest.values(name)[:1]) for name in names})
 
 
 class Run(models.Model):
@@ -42,6 +74,8 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = RunQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [
@@ -68,10 +102,14 @@ class Run(models.Model):
     def refresh_counts(self) -> int:
         """Recount this run's current trials by status and store the counts. Returns how many
         queued trials were already sent to a worker (dispatch counts them as busy slots)."""
-        counts = Trial.objects.filter(run=self, is_latest=True).aggregate(
-            total=Count("pk"),
-            sent=Count("pk", filter=Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)),
-            **{status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values},
+        counts = (
+            Trial.objects.for_run(self)
+            .current()
+            .aggregate(
+                total=Count("pk"),
+                sent=Count("pk", filter=Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)),
+                **{status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values},
+            )
         )
         self.n_trials = counts["total"]
         for status in Trial.Status.values:
@@ -89,14 +127,19 @@ class TrialQuerySet(models.QuerySet):
     def for_run(self, run: Run):
         return self.filter(run=run)
 
-    def latest(self):
-        """The current attempt of each trial slot (retries keep the old rows)."""
-        # `__in` keeps the column in the WHERE clause on SQLite (a bare `is_latest` test cannot
-        # use trial_comparison_idx).
+    def current(self):
+        """The current attempt of each trial slot (retries keep the old rows as history)."""
+        # `IN (true)`, not `= true`: SQLite renders is_latest=True as a bare `is_latest`, which
+        # cannot seek trial_comparison_idx (the comparison's GROUP BY then sorts: 140 ms
+        # instead of 90 ms at 100,000 trials).
         return self.filter(is_latest__in=[True])
 
     def finished(self):
         return self.filter(status__in=Trial.FINAL_STATUSES)
+
+    def pending(self):
+        """Trials still to run: queued or running."""
+        return self.filter(status__in=[Trial.Status.QUEUED, Trial.Status.RUNNING])
 
 
 class Trial(models.Model):
@@ -205,6 +248,12 @@ class Trial(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
+
+    @property
+    def label(self) -> str:
+        """`task[row]#replicate`: the trial's name in reports, JUnit and exports (needs the task)."""
+        row = f"[{self.dataset_row_id}]" if self.dataset_row_id else ""
+        return f"{self.task_version.task.slug}{row}#{self.replicate}"
 
 
 class CriterionResult(models.Model):

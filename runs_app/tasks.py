@@ -1,4 +1,7 @@
-"""Celery entry points: thin, verb-named, ids in, plain-Python runner code underneath."""
+"""Celery entry points: thin, verb-named, ids in, plain-Python control code underneath.
+
+control.py sends `dispatch_run` and `execute_trial` by these names (`runs_app.tasks.<name>`).
+"""
 
 import os
 import socket
@@ -7,7 +10,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.utils import timezone
 
-from runs_app import control, runner
+from runs_app import control
 from runs_app.models import Worker
 
 
@@ -18,7 +21,7 @@ def dispatch_run(run_id: int) -> None:
 
 @shared_task(bind=True)
 def execute_trial(self, trial_id: int) -> None:
-    runner.execute(trial_id, worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}")
+    control.execute(trial_id, worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}")
 
 
 @shared_task

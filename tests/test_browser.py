@@ -10,7 +10,7 @@ from django.urls import NoReverseMatch, reverse
 from playwright.sync_api import Page, expect, sync_playwright
 
 from conftest import wait_for
-from experiments_app.importing import import_tasks
+from experiments_app.definitions import import_tasks
 from experiments_app.models import Experiment, Variant
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Run, Trial

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from experiments_app.importing import import_tasks
+from experiments_app.definitions import import_tasks
 from experiments_app.models import Task, TaskSet
 
 pytestmark = pytest.mark.django_db

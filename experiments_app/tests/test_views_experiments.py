@@ -2,11 +2,10 @@ import pytest
 import yaml
 from django.urls import reverse
 
-from experiments_app.forms import experiment_spec_data
-from experiments_app.importing import import_experiment
+from experiments_app.definitions import experiment_spec_data, import_experiment
 from experiments_app.models import Experiment, Variant
 from runs_app.models import Run
-from runs_app.tests.test_views_support import launched_run, smoke_experiment
+from runs_app.tests.web.test_views_support import launched_run, smoke_experiment
 
 pytestmark = pytest.mark.django_db
 

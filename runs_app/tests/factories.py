@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from experiments_app.importing import import_experiment, import_tasks
+from experiments_app.definitions import import_experiment, import_tasks
 from experiments_app.models import Experiment
 
 EXAMPLES = settings.BASE_DIR / "examples"

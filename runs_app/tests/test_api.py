@@ -7,7 +7,7 @@ import json
 import pytest
 from django.conf import settings
 
-from experiments_app.importing import import_experiment, import_tasks
+from experiments_app.definitions import import_experiment, import_tasks
 from runs_app.models import Run, Trial
 from runs_app.tokens import create_token, revoke_token
 

@@ -11,7 +11,7 @@ from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
 
 from evalsite.wsgi import application
-from experiments_app.importing import import_experiment, import_tasks
+from experiments_app.definitions import import_experiment, import_tasks
 from runs_app.launching import launch_run
 from runs_app.tokens import create_token
 

@@ -7,9 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from experiments_app.bundles import read_bundle
-from experiments_app.importing import import_tasks
+from experiments_app.definitions import import_tasks
 from experiments_app.models import Experiment, Task, Variant
+from experiments_app.specs.bundles import read_bundle
 from runs_app import control
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 

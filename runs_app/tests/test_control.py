@@ -7,7 +7,8 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from runs_app import control, runner
+from runs_app import control
+from runs_app.engine import runner
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tests.factories import EXAMPLES, import_examples
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def run(django_capture_on_commit_callbacks):
-    from experiments_app.importing import import_experiment
+    from experiments_app.definitions import import_experiment
 
     import_examples()
     smoke = import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
@@ -54,7 +55,7 @@ def test_the_reaper_marks_the_last_allowed_attempt_as_error(run, settings):
 def test_the_reaper_ends_a_cancelled_runs_orphaned_trial_and_the_run(run):
     trial = Trial.objects.filter(run=run).first()
     _claim_and_expire(trial)
-    control.cancel_run(run)
+    control.cancel_run(run, control.COMMAND_LINE)
 
     control.reap_expired_leases()
 

@@ -1,6 +1,6 @@
 import pytest
 
-from experiments_app.importing import import_experiment
+from experiments_app.definitions import import_experiment
 from experiments_app.models import Task
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial

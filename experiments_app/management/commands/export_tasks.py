@@ -2,7 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from experiments_app.exporting import export_tasks
+from experiments_app.definitions import export_tasks
 from experiments_app.models import TaskSet
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from experiments_app.importing import ImportFailed, import_tasks
+from experiments_app.definitions import ImportFailed, import_tasks
 
 
 class Command(BaseCommand):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs_app import reports
+from runs_app.analysis import reports
 from runs_app.models import Run
 
 

@@ -6,6 +6,7 @@ and writes the requested reports. Exit codes: 0 every trial passed and every gat
 trial failed or errored, a gate failed or the run was cancelled, 2 bad input; 130 on Ctrl-C.
 """
 
+import contextlib
 import json
 import logging
 import signal
@@ -15,12 +16,12 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.utils.text import slugify
 
-from experiments_app.importing import ImportFailed, import_experiment, import_tasks
-from experiments_app.models import Experiment, Variant
-from experiments_app.resolve import OverrideError, parse_overrides
-from runs_app import control, reports
+from experiments_app.definitions import ImportFailed, adhoc_experiment, import_experiment, import_tasks
+from experiments_app.models import Experiment
+from experiments_app.specs.resolve import OverrideError, parse_overrides
+from runs_app import control
+from runs_app.analysis import reports
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial, TrialEvent
 
@@ -186,7 +187,7 @@ class Command(BaseCommand):
         """The experiment to run and whether it is an ad-hoc one made from -T/-m."""
         given = options["experiment"]
         if not given:
-            return self._adhoc_experiment(options["agent_type"], options["model"]), True
+            return adhoc_experiment(options["agent_type"], options["model"]), True
         path = Path(given)
         if path.suffix in (".yaml", ".yml") or path.exists():
             try:
@@ -204,37 +205,22 @@ class Command(BaseCommand):
             )
         return experiment, False
 
-    def _adhoc_experiment(self, agent_type: str | None, model: str | None) -> Experiment:
-        """One experiment per (type, model), with that single variant: repeated ad-hoc runs of
-        the same agent land in the same experiment and can be compared over time."""
-        name = slugify("-".join(filter(None, [agent_type, model]))) or "default"
-        agent = {key: value for key, value in (("type", agent_type), ("model", model)) if value}
-        experiment, _ = Experiment.objects.get_or_create(
-            slug=f"evalrun-{name}", defaults={"description": f"Ad-hoc evalrun runs of agent {name}"}
-        )
-        variant, _ = Variant.objects.get_or_create(
-            experiment=experiment, slug=name, defaults={"agent": agent}
-        )
-        if experiment.baseline_id != variant.pk:
-            experiment.baseline = variant
-            experiment.save(update_fields=["baseline"])
-        return experiment
-
     def _restart(self, options) -> tuple[Run, int]:
         run_id = options["resume"] or options["retry_errors"]
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"no run {run_id}", returncode=EXIT_BAD_INPUT)
-        if run.historical:
-            raise CommandError(f"run {run_id} is an imported, read-only run", returncode=EXIT_BAD_INPUT)
         # Only events written from now on are news.
         first_event = (TrialEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
-        if options["resume"]:
-            count = control.resume_run(run)
-            self.stdout.write(f"resuming run {run.pk}: {count} trial(s) to run")
-        else:
-            count = control.retry_errors(run)
-            self.stdout.write(f"retrying run {run.pk}: {count} errored trial(s)")
+        try:
+            if options["resume"]:
+                count = control.resume_run(run, control.COMMAND_LINE)
+                self.stdout.write(f"resuming run {run.pk}: {count} trial(s) to run")
+            else:
+                count = control.retry_errors(run, control.COMMAND_LINE)
+                self.stdout.write(f"retrying run {run.pk}: {count} errored trial(s)")
+        except control.ControlRefused as refusal:
+            raise CommandError(str(refusal), returncode=EXIT_BAD_INPUT) from None
         # With nothing left to run no trial will end, so no worker would finish the run: do it here.
         run = control.refresh_run(run.pk)
         return run, first_event
@@ -269,13 +255,14 @@ class Command(BaseCommand):
                 events.poll()
             # The run's n_running changes only when a trial ends; count the live ones.
             progress.show(
-                run, Trial.objects.for_run(run).latest().filter(status=Trial.Status.RUNNING).count()
+                run, Trial.objects.for_run(run).current().filter(status=Trial.Status.RUNNING).count()
             )
             if run.is_final:
                 break
             if interrupted and cancel_deadline is None:
                 self.stderr.write("\ncancelling the run (Ctrl-C again to stop waiting)…")
-                control.cancel_run(run)
+                with contextlib.suppress(control.ControlRefused):  # it may have ended just now
+                    control.cancel_run(run, control.COMMAND_LINE)
                 cancel_deadline = time.monotonic() + CANCEL_WAIT_SECONDS
             if cancel_deadline and time.monotonic() > cancel_deadline:
                 break

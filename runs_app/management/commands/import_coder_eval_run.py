@@ -5,7 +5,7 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from runs_app.coder_eval_import import CoderEvalImportError, import_coder_eval_run
+from runs_app.importers.coder_eval import CoderEvalImportError, import_coder_eval_run
 
 
 class Command(BaseCommand):

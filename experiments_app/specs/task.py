@@ -1,0 +1,369 @@
+"""Pydantic models of coder-eval's task YAML format (no Django).
+
+The field names and parameters follow coder-eval (`src/coder_eval/models/*.py`,
+`coder_eval/criteria/*.py`); evalsite additions are marked "evalsite:".
+
+Conventions:
+- Every model keeps unknown keys (`extra="allow"`); the loader reports them as warnings.
+  Inside `agent` unknown keys are agent options (sdk_options, allowed_tools, ...) and
+  are not reported.
+- Paths stay as written: relative to the folder of the YAML that holds them.
+- Cross-field checks raise `SpecError`, which names the offending field, so the loader
+  can point at its line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
+
+from experiments_app.specs import agent_kinds
+from experiments_app.specs.base import SpecError, SpecModel, check_regex
+from experiments_app.specs.criteria import Criterion
+
+AGENTLESS_KINDS = agent_kinds.AGENTLESS_KINDS
+
+SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+KEBAB_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+# coder-eval's tag rule: kebab-case, optionally namespaced as "key:value".
+TAG_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*(:[a-z0-9]+(-[a-z0-9]+)*)?$")
+# coder-eval's dataset row id rule (row ids become folder names).
+ROW_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+ROW_VAR_RE = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
+TASK_DIR_TOKEN = "$TASK_DIR/"
+REFERENCE_DIR_TOKEN = "$REFERENCE_DIR"
+
+
+def _check_relative(path: str, what: str) -> str:
+    norm = path.replace("\\", "/")
+    if not norm or norm.startswith("/") or re.match(r"^[A-Za-z]:/", norm):
+        raise ValueError(f"{what} must be a relative path, got {path!r}")
+    if ".." in norm.split("/"):
+        raise ValueError(f"{what} must not contain '..', got {path!r}")
+    return path
+
+
+# --- agent -------------------------------------------------------------------------------
+
+
+class AgentSpec(SpecModel):
+    """Agent kind, model and options. `type` may come from another layer (experiment defaults)."""
+
+    type: str | None = None
+    model: str | None = None
+    system_prompt_file: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known_kind(cls, v: str | None) -> str | None:
+        if v is not None and not agent_kinds.is_known(v):
+            known = ", ".join(agent_kinds.known_kinds())
+            raise ValueError(f"unknown agent type {v!r}; expected one of: {known}")
+        return v
+
+
+# --- sandbox -----------------------------------------------------------------------------
+
+
+class StarterFile(SpecModel):
+    path: str
+    content: str
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        return _check_relative(v, "starter file path")
+
+
+class TemplateDirSource(SpecModel):
+    type: Literal["template_dir"]
+    path: str = Field(description="Folder copied into the sandbox, relative to the YAML's folder")
+    mount_point: str = "."
+    include_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("mount_point")
+    @classmethod
+    def _mount_relative(cls, v: str) -> str:
+        return v if v == "." else _check_relative(v, "mount_point")
+
+
+class StarterFilesSource(SpecModel):
+    type: Literal["starter_files"]
+    files: list[StarterFile]
+
+
+class RepoSource(SpecModel):
+    type: Literal["repo"]
+    url: str
+    commit: str | None = None
+    ref: str | None = None  # evalsite: a branch or tag, when no commit is pinned
+
+
+TemplateSource = Annotated[TemplateDirSource | StarterFilesSource | RepoSource, Field(discriminator="type")]
+
+
+def check_template_sources(sources: list[Any], prefix: tuple[str | int, ...]) -> None:
+    """coder-eval: at most one repo source, and it must come first (git clone needs an empty dir)."""
+    repos = [i for i, s in enumerate(sources) if isinstance(s, RepoSource)]
+    if len(repos) > 1:
+        raise SpecError(((*prefix, repos[1], "type"), "only one repo template source is allowed"))
+    if repos and repos[0] != 0:
+        raise SpecError(((*prefix, repos[0], "type"), "a repo template source must be the first one"))
+
+
+class PythonEnv(SpecModel):
+    env_packages: list[str] = Field(default_factory=list)
+
+
+class NodeEnv(SpecModel):
+    env_packages: list[str] = Field(default_factory=list)
+
+
+class ResourceLimits(SpecModel):
+    timeout: int = Field(default=300, gt=0)
+    max_memory_mb: int | None = Field(default=None, gt=0)
+    max_cpus: float | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_disk_mb: int | None = Field(default=None, gt=0)
+
+
+class SandboxSpec(SpecModel):
+    driver: Literal["tempdir", "docker"] = "tempdir"
+    docker: dict[str, Any] = Field(default_factory=dict)
+    # null in YAML skips the per-sandbox venv (coder-eval).
+    python: PythonEnv | None = Field(default_factory=PythonEnv)
+    node: NodeEnv | None = None
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    template_sources: list[TemplateSource] | None = None
+    mock_path_dirs: list[str] | None = None
+    ignore_patterns: list[str] = Field(
+        default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
+    )
+
+    @model_validator(mode="after")
+    def _sources(self) -> SandboxSpec:
+        check_template_sources(self.template_sources or [], ("template_sources",))
+        return self
+
+
+# --- limits, commands, reference, dataset --------------------------------------------------
+
+
+class RunLimits(SpecModel):
+    """Caps that end a trial (coder-eval's `run_limits`). Every field optional."""
+
+    max_turns: int | None = Field(default=None, gt=0)
+    expected_turns: int | None = Field(default=None, ge=1)
+    task_timeout: int | None = Field(default=None, ge=30)
+    turn_timeout: int | None = Field(default=None, ge=10)
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_usd: float | None = Field(default=None, gt=0.0)
+    count_cached_input: bool = False
+    count_cache_creation: bool = False
+    stop_early: bool | None = None
+    stop_early_gate_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
+class PreRunCommand(SpecModel):
+    command: str
+    timeout: int = Field(default=30, ge=1, le=300)
+    # A failing setup command makes the trial an error: the agent must not run on a broken sandbox.
+    fail_on_error: bool = True
+
+
+class PostRunCommand(SpecModel):
+    command: str
+    timeout: int = Field(default=30, ge=1, le=300)
+
+
+class ReferenceSpec(SpecModel):
+    """A folder holding a correct solution; never shown to the agent."""
+
+    directory: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):  # evalsite: `reference: ref` means `reference: {directory: ref}`
+            return {"directory": data}
+        if isinstance(data, dict) and ("code" in data or "file" in data):
+            raise ValueError(
+                "reference.code / reference.file were removed in coder-eval: a reference is a folder, "
+                "write `reference: {directory: <folder>}`"
+            )
+        return data
+
+
+class DatasetSpec(SpecModel):
+    """Fans a task out into one trial per row (inline `rows` or JSONL `paths`)."""
+
+    paths: list[str] | None = None
+    rows: list[dict[str, Any]] | None = None
+    id_field: str = "id"
+    stratify_field: str = "expected_skill"
+    sample_per_stratum: int | None = Field(default=None, ge=1)
+    sample_seed: int | None = None
+    split_field: str = "split"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if self.paths is None and self.rows is None:
+            raise SpecError(((), "set either rows (inline) or paths (JSONL files)"))
+        if self.paths is not None and self.rows is not None:
+            raise SpecError((("paths",), "set either rows or paths, not both"))
+        if self.paths is not None and not self.paths:
+            raise SpecError((("paths",), "must list at least one JSONL file"))
+        return self
+
+
+# --- prompt mutations --------------------------------------------------------------------
+
+
+class PromptPrefix(SpecModel):
+    type: Literal["prefix"]
+    content: str
+    separator: str = "\n\n"
+
+
+class PromptSuffix(SpecModel):
+    type: Literal["suffix"]
+    content: str
+    separator: str = "\n\n"
+
+
+class PromptReplace(SpecModel):
+    type: Literal["replace"]
+    pattern: str
+    replacement: str
+    regex: bool = False
+
+    @model_validator(mode="after")
+    def _regex(self) -> PromptReplace:
+        if self.regex:
+            try:
+                check_regex(self.pattern)
+            except ValueError as exc:
+                raise SpecError((("pattern",), str(exc))) from None
+        return self
+
+
+class PromptTemplate(SpecModel):
+    type: Literal["template"]
+    variables: dict[str, str]
+
+
+PromptMutation = Annotated[
+    PromptPrefix | PromptSuffix | PromptReplace | PromptTemplate, Field(discriminator="type")
+]
+
+
+def _kebab_tags(tags: list[str]) -> list[str]:
+    for tag in tags:
+        if not TAG_RE.match(tag):
+            raise ValueError(
+                f"tag {tag!r} must be lowercase kebab-case, optionally 'key:value' "
+                "(e.g. 'smoke', 'lang:python')"
+            )
+    return tags
+
+
+def _slug(value: str, what: str) -> str:
+    if not SLUG_RE.match(value) or len(value) > 200:
+        raise ValueError(f"{what} {value!r} must be a slug: letters, digits, '-' and '_' (at most 200)")
+    return value
+
+
+# --- task --------------------------------------------------------------------------------
+
+
+class TaskSpec(SpecModel):
+    """One coder-eval task."""
+
+    task_id: str
+    description: str = ""
+    initial_prompt: str | None = None
+    initial_prompt_file: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    skip: bool = False
+    agent: AgentSpec | None = None
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    success_criteria: list[Criterion]
+    run_limits: RunLimits | None = None
+    pre_run: list[PreRunCommand] = Field(default_factory=list)
+    post_run: list[PostRunCommand] = Field(default_factory=list)
+    reference: ReferenceSpec | None = None
+    dataset: DatasetSpec | None = None
+    simulation: dict[str, Any] | None = None
+    expected_commands: int | None = Field(default=None, ge=1)
+
+    @field_validator("task_id")
+    @classmethod
+    def _task_id(cls, v: str) -> str:
+        return _slug(v, "task_id")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        return _kebab_tags(v)
+
+    @field_validator("success_criteria")
+    @classmethod
+    def _some_criteria(cls, v: list[Any]) -> list[Any]:
+        if not v:
+            raise ValueError("at least one success criterion is required")
+        return v
+
+    @property
+    def is_agentless(self) -> bool:
+        return self.agent is not None and self.agent.type in AGENTLESS_KINDS
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> TaskSpec:
+        # A resolved trial config may switch a task to an agentless kind (an A/B arm such as
+        # `none` or `oracle`): the task keeps its prompt and agent criteria, which then fail.
+        resolved = bool(info.context and info.context.get("resolved"))
+        issues = [*_prompt_issues(self, resolved), *_criteria_issues(self, resolved)]
+        if issues:
+            raise SpecError(*issues)
+        return self
+
+
+def _prompt_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[str | int, ...], str]]:
+    """coder-eval: exactly one prompt source, except for `type: none` agents and simulations."""
+    has_prompt = task.initial_prompt is not None or task.initial_prompt_file is not None
+    if task.initial_prompt is not None and task.initial_prompt_file is not None:
+        return [(("initial_prompt_file",), "set either initial_prompt or initial_prompt_file, not both")]
+    if task.is_agentless and has_prompt and not resolved:
+        field = "initial_prompt" if task.initial_prompt is not None else "initial_prompt_file"
+        return [((field,), "an agent of type none reads no prompt: remove it or pick another agent type")]
+    simulated = bool((task.simulation or {}).get("enabled"))
+    if not has_prompt and not task.is_agentless and not simulated:
+        return [
+            (
+                ("initial_prompt",),
+                "required: set initial_prompt or initial_prompt_file (only `agent: {type: none}` needs none)",
+            )
+        ]
+    return []
+
+
+def _criteria_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[str | int, ...], str]]:
+    issues: list[tuple[tuple[str | int, ...], str]] = []
+    for i, crit in enumerate(task.success_criteria):
+        if task.is_agentless and crit.requires_agent and not resolved:
+            issues.append(
+                (("success_criteria", i, "type"), f"{crit.type} needs an agent, but agent.type is none")
+            )
+        if crit.suite_thresholds and task.dataset is None:
+            issues.append((("success_criteria", i, "suite_thresholds"), "requires a dataset: block"))
+        uses_reference = any(f.startswith(REFERENCE_DIR_TOKEN) for f in getattr(crit, "files", []))
+        uses_reference |= REFERENCE_DIR_TOKEN in (getattr(crit, "command", "") or "")
+        if uses_reference and task.reference is None:
+            issues.append(
+                (("success_criteria", i), "uses $REFERENCE_DIR but the task has no reference: folder")
+            )
+    return issues

@@ -1,0 +1,257 @@
+"""YAML files read with their nodes, and every problem as a `SpecIssue` at its line (no Django).
+
+`parse_yaml` keeps the node tree next to the data, so a pydantic error location, a cross-field
+`SpecError` or an unknown key can be traced back to the line that holds it (`Doc.issue`), with a
+hint for a likely typo. `loading` uses it for task and experiment files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from experiments_app.specs import CRITERION_TYPES, UNION_TAGS, AgentSpec, SpecError
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster when present
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    file: str
+    line: int | None
+    field: str
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Root:
+    """The folder being imported: messages name files under it, and no file may leave it."""
+
+    display: Path  # as the caller wrote it, for messages
+    abs: str
+    real: str
+
+    @classmethod
+    def of(cls, path: Path) -> Root:
+        return cls(path, os.path.abspath(path), os.path.realpath(path))
+
+    def shown(self, abs_path: str) -> str:
+        """How a file is named in messages: under the root as the caller wrote it."""
+        return str(self.display / os.path.relpath(abs_path, self.abs))
+
+
+def inside(parent: str, child: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+# --- YAML parsing and line lookup ------------------------------------------------------------
+
+
+@dataclass
+class Doc:
+    shown: str
+    abs: str
+    root: Root
+    raw: bytes
+    text: str
+    node: yaml.Node | None
+    data: Any
+
+    def issue(self, loc: Loc, message: str, severity: str = "error") -> SpecIssue:
+        line, path, _ = locate(self.node, loc)
+        return SpecIssue(self.shown, line, field_name(path), message, severity)  # type: ignore[arg-type]
+
+
+def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
+    abs_path = os.path.abspath(path)
+    shown = root.shown(abs_path) if inside(root.abs, abs_path) else str(path)
+    if not inside(root.real, os.path.realpath(path)):
+        return None, SpecIssue(shown, None, "", "is a symlink whose target leaves the folder being imported")
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, SpecIssue(shown, None, "", f"cannot read the file: {exc}")
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        duplicate = _duplicate_key(node)
+        if duplicate:
+            return None, SpecIssue(shown, duplicate[0], "", f"duplicate key {duplicate[1]!r} in a mapping")
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        return None, _syntax_issue(shown, exc)
+    except yaml.YAMLError as exc:
+        return None, SpecIssue(shown, None, "", f"invalid YAML: {exc}")
+    finally:
+        loader.dispose()
+    return Doc(shown, abs_path, root, raw, text, node, data), None
+
+
+def _syntax_issue(shown: str, exc: yaml.MarkedYAMLError) -> SpecIssue:
+    mark, start = exc.problem_mark or exc.context_mark, exc.context_mark
+    detail = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+    if mark and start and start.line != mark.line:
+        # An unclosed bracket is noticed lines later; say where the construct began.
+        detail += f" (the construct began on line {start.line + 1})"
+    return SpecIssue(shown, mark.line + 1 if mark else None, "", f"invalid YAML: {detail}")
+
+
+def _duplicate_key(node: yaml.Node | None) -> tuple[int, str] | None:
+    """PyYAML silently keeps the last of two equal keys; a typo-duplicate would hide a field."""
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        if isinstance(current, yaml.MappingNode):
+            seen = set()
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                    if key.value in seen:
+                        return key.start_mark.line + 1, key.value
+                    seen.add(key.value)
+                stack.append(value)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+    return None
+
+
+def locate(node: yaml.Node | None, loc: Loc) -> tuple[int | None, list[str | int], yaml.Node | None]:
+    """Follow an error location through the YAML nodes: (line, field path, deepest node).
+
+    Parts that are union tags (pydantic adds the criterion type to locations) are skipped;
+    a part missing from the YAML (a required field) stays in the path, at its parent's line.
+    """
+    line = node.start_mark.line + 1 if node is not None else None
+    path: list[str | int] = []
+    matching = True
+    for part in loc:
+        child = None
+        if matching and isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    child, line = value, key.start_mark.line + 1
+        elif (
+            matching
+            and isinstance(node, yaml.SequenceNode)
+            and isinstance(part, int)
+            and part < len(node.value)
+        ):
+            child = node.value[part]
+            line = child.start_mark.line + 1
+        if child is not None:
+            node = child
+            path.append(part)
+        elif part not in UNION_TAGS:
+            path.append(part)
+            matching = False
+    return line, path, node
+
+
+def field_name(path: list[str | int] | Loc) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# --- validation errors -> issues ---------------------------------------------------------------
+
+
+def validation_issues(doc: Doc, exc: ValidationError, prefix: Loc = ()) -> list[SpecIssue]:
+    issues = []
+    for err in exc.errors():
+        loc = (*prefix, *err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):
+            issues += [doc.issue((*loc, *sub), msg) for sub, msg in cause.issues]
+        else:
+            issues.append(_pydantic_issue(doc, loc, err))
+    return issues
+
+
+def _pydantic_issue(doc: Doc, loc: Loc, err: Any) -> SpecIssue:
+    line, path, node = locate(doc.node, loc)
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        message = "required field is missing" + _typo_hint(str(path[-1]) if path else "", node)
+    elif kind == "union_tag_invalid":
+        tag, expected = ctx.get("tag"), ctx.get("expected_tags")
+        message = f"unknown {_union_name(path)} type {tag!r}; expected one of: {expected}"
+    elif kind == "union_tag_not_found":
+        message = f"missing 'type'; expected one of: {', '.join(_union_tags(path))}"
+    elif kind == "too_short":
+        message = f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    elif kind == "value_error":
+        message = str(ctx.get("error", err["msg"]))
+    else:
+        message = err["msg"].replace("Input should be", "expected", 1) + f", got {_short(err.get('input'))}"
+    return SpecIssue(doc.shown, line, field_name(path), message)
+
+
+def _typo_hint(name: str, node: yaml.Node | None) -> str:
+    if not isinstance(node, yaml.MappingNode):
+        return ""
+    keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
+    return f" (is {close[0]!r} a typo of {name!r}?)" if close else ""
+
+
+def _union_name(path: list[str | int]) -> str:
+    names = [p for p in path if isinstance(p, str)]
+    last = names[-1] if names else ""
+    return {
+        "success_criteria": "criterion",
+        "template_sources": "template source",
+        "prompt_mutations": "prompt mutation",
+    }.get(last, last)
+
+
+def _union_tags(path: list[str | int]) -> tuple[str, ...]:
+    return {
+        "criterion": CRITERION_TYPES,
+        "template source": ("template_dir", "starter_files", "repo"),
+        "prompt mutation": ("prefix", "suffix", "replace", "template"),
+    }.get(_union_name(path), ())
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[str]]]:
+    """(location, known field names) of every kept unknown key; agent options are not unknown."""
+    if model.model_extra and not isinstance(model, AgentSpec):
+        for key in model.model_extra:
+            yield (*loc, key), list(type(model).model_fields)
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from _unknown_keys(value, (*loc, name))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _unknown_keys(item, (*loc, name, i))
+
+
+def unknown_key_warnings(doc: Doc, model: BaseModel, prefix: Loc = ()) -> list[SpecIssue]:
+    issues = []
+    for loc, known in _unknown_keys(model, prefix):
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
+    return issues

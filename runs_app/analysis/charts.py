@@ -1,0 +1,130 @@
+"""Plotly figures of a comparison, as plain figure dicts ({"data": [...], "layout": {...}}).
+
+Plain dicts, not plotly.graph_objects: building a graph_objects figure validates every property
+and costs tens of milliseconds a chart; the page serialises these with `json_script` and
+static/js/compare.js hands them to Plotly.newPlot. The tests validate them with graph_objects.
+Plotly renders a subset of HTML in text, so every label is HTML-escaped first.
+"""
+
+from html import escape
+from typing import Any
+
+from runs_app.analysis.compare import ArmSummary, Comparison
+
+BASELINE_COLOUR = "#6a7380"
+ARM_COLOUR = "#2b5fd9"
+FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 13}
+
+
+def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
+    """Pass rate per arm, with its 95% interval as error bars (baseline in grey)."""
+    arms = comparison.arms
+    bar = {
+        "type": "bar",
+        "x": [escape(arm.label) for arm in arms],
+        "y": [arm.pass_rate for arm in arms],
+        "error_y": _error_bars(arms, "pass_rate", "low", "high"),
+        "marker": {"color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
+        "customdata": [[arm.passed, arm.passed + arm.failed, arm.errors] for arm in arms],
+        "hovertemplate": "%{x}<br>%{y:.1%} (%{customdata[0]}/%{customdata[1]}), "
+        "%{customdata[2]} errors<extra></extra>",
+    }
+    layout = _layout(f"Pass rate ({_interval_name(comparison)})")
+    layout["yaxis"] = {"range": [0, 1], "tickformat": ".0%", "title": {"text": "pass rate"}}
+    return {"data": [bar], "layout": layout}
+
+
+def forest_figure(comparison: Comparison) -> dict[str, Any]:
+    """Δ pass rate of every arm against the baseline, with its paired 95% interval."""
+    others = [arm for arm in comparison.others if arm.versus and arm.versus.tasks]
+    # Plotly draws the first category at the bottom; reverse so the table's order reads down.
+    others.reverse()
+    points = {
+        "type": "scatter",
+        "mode": "markers",
+        "x": [arm.versus.delta for arm in others],
+        "y": [escape(arm.label) for arm in others],
+        "error_x": {
+            "type": "data",
+            "symmetric": False,
+            "array": [arm.versus.high - arm.versus.delta for arm in others],
+            "arrayminus": [arm.versus.delta - arm.versus.low for arm in others],
+        },
+        "marker": {"size": 10, "color": ARM_COLOUR},
+        "customdata": [[arm.versus.low, arm.versus.high, arm.versus.p_holm] for arm in others],
+        "hovertemplate": "%{y}<br>Δ %{x:+.1%} [%{customdata[0]:+.1%}, %{customdata[1]:+.1%}]"
+        "<br>Holm p %{customdata[2]:.3g}<extra></extra>",
+    }
+    baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
+    layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
+    layout["xaxis"] = {"tickformat": "+.0%", "zeroline": False, "title": {"text": "Δ pass rate"}}
+    layout["yaxis"] = {"automargin": True}  # room for long variant names
+    layout["shapes"] = [
+        {
+            "type": "line",
+            "x0": 0,
+            "x1": 0,
+            "yref": "paper",
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": BASELINE_COLOUR, "dash": "dot"},
+        }
+    ]
+    return {"data": [points], "layout": layout}
+
+
+def cost_figure(comparison: Comparison) -> dict[str, Any]:
+    """Pass rate against mean cost per trial, one point per arm."""
+    arms = [arm for arm in comparison.arms if arm.pass_rate is not None]
+    points = {
+        "type": "scatter",
+        "mode": "markers+text",
+        "x": [arm.mean_cost for arm in arms],
+        "y": [arm.pass_rate for arm in arms],
+        "text": [escape(arm.label) for arm in arms],
+        "textposition": "top center",
+        "cliponaxis": False,  # labels of points at the axis edge stay whole
+        "error_y": _error_bars(arms, "pass_rate", "low", "high"),
+        "marker": {"size": 10, "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
+        "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<extra></extra>",
+    }
+    layout = _layout("Pass rate vs cost")
+    layout["xaxis"] = {"title": {"text": "mean cost per trial (USD)"}, "rangemode": "tozero"}
+    layout["yaxis"] = {"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "pass rate"}}
+    return {"data": [points], "layout": layout}
+
+
+def figures(comparison: Comparison) -> dict[str, dict[str, Any]]:
+    """Every chart of the comparison page, by element id."""
+    charts = {"chart-pass-rate": pass_rate_figure(comparison), "chart-cost": cost_figure(comparison)}
+    if len(comparison.arms) > 1:
+        charts["chart-forest"] = forest_figure(comparison)
+    return charts
+
+
+def _error_bars(arms: list[ArmSummary], value: str, low: str, high: str) -> dict[str, Any]:
+    """Asymmetric error bars from each arm's interval (0 where it has none)."""
+    above, below = [], []
+    for arm in arms:
+        centre, lo, hi = getattr(arm, value), getattr(arm, low), getattr(arm, high)
+        known = None not in (centre, lo, hi)
+        above.append(hi - centre if known else 0)
+        below.append(centre - lo if known else 0)
+    return {"type": "data", "symmetric": False, "array": above, "arrayminus": below}
+
+
+def _interval_name(comparison: Comparison) -> str:
+    method = "bootstrap" if comparison.repeats > 1 else "Wilson"
+    return f"{round(comparison.confidence * 100)}% {method}"
+
+
+def _layout(title: str) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "font": {"size": 15}},
+        "font": FONT,
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 60},
+        "height": 340,
+        "showlegend": False,
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "#fff",
+    }

@@ -1,0 +1,189 @@
+"""Run gates: the checks an experiment declares (`gates:` in its YAML), judged when a run ends.
+
+Pure (no Django). A gate spec is a dict validated by `experiments_app.specs.Gate`. Judging reads a
+`RunFacts` (per-variant counts, the comparison against the baseline, the dataset suites: built by
+`analysis.load.run_facts`) and returns one result per gate, `{"gate", "name", "passed", "detail"}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from experiments_app.specs import (
+    Gate,
+    MaxErrorShareGate,
+    MinPassRateGate,
+    NoRegressionGate,
+    SuiteThresholdsGate,
+)
+from runs_app.analysis.tally import Tally
+
+_GATE_LIST = TypeAdapter(list[Gate])
+_GATE = TypeAdapter(Gate)
+
+
+@dataclass(frozen=True)
+class VariantFacts:
+    """One variant's outcome counts and, unless it is the baseline, its comparison with it."""
+
+    slug: str
+    passed: int = 0
+    failed: int = 0
+    error: int = 0
+    delta: float | None = None  # Δ pass rate against the baseline
+    p_adjusted: float | None = None  # Holm-adjusted across the run's variants
+
+    @property
+    def tally(self) -> Tally:
+        return Tally(self.passed, self.failed, self.error)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    variants: list[VariantFacts]
+    baseline: str | None = None
+    suites: list[dict] = field(default_factory=list)  # Run.suite_results
+
+
+def validate_gates(gates: list[Any]) -> list[dict]:
+    """Gate specs as canonical dicts (defaults filled in); raises pydantic's ValidationError."""
+    return [gate.model_dump(mode="json") for gate in _GATE_LIST.validate_python(gates)]
+
+
+def evaluate_gates(gates: list[dict], facts: RunFacts) -> list[dict]:
+    """Judge every gate against the run's facts, in the order declared."""
+    return [_evaluate_one(raw, facts) for raw in gates]
+
+
+def unjudged(gates: list[dict], why: str) -> list[dict]:
+    """Every gate failed with the same reason (the facts could not be gathered)."""
+    return [_result(gate, "gate evaluation", False, why) for gate in gates]
+
+
+def all_passed(results: list[dict]) -> bool | None:
+    """True when every gate holds, None when the run declares none."""
+    return all(result["passed"] for result in results) if results else None
+
+
+def _evaluate_one(raw: Any, facts: RunFacts) -> dict:
+    try:
+        gate = _GATE.validate_python(raw)
+    except ValidationError as exc:
+        # A stored gate that no longer validates must fail loudly, never pass unchecked.
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _result(raw, "invalid gate", False, f"invalid gate spec: {problems}")
+    judge = {
+        MinPassRateGate: _min_pass_rate,
+        NoRegressionGate: _no_regression,
+        MaxErrorShareGate: _max_error_share,
+        SuiteThresholdsGate: _suite_thresholds,
+    }[type(gate)]
+    default_name, passed, detail = judge(gate, facts)
+    return _result(gate.model_dump(mode="json"), gate.name or default_name, passed, detail)
+
+
+def _result(gate: Any, name: str, passed: bool, detail: str) -> dict:
+    return {"gate": gate, "name": name, "passed": passed, "detail": detail}
+
+
+def _scope(gate: Any) -> str:
+    if getattr(gate, "overall", False):
+        return "overall"
+    return gate.variant or "each variant"
+
+
+def _targets(gate: Any, facts: RunFacts) -> list[VariantFacts] | str:
+    """The variants a gate looks at, or a message saying why there are none."""
+    if getattr(gate, "overall", False):
+        return [
+            VariantFacts(
+                "overall",
+                passed=sum(v.passed for v in facts.variants),
+                failed=sum(v.failed for v in facts.variants),
+                error=sum(v.error for v in facts.variants),
+            )
+        ]
+    if gate.variant is None:
+        return facts.variants or "the run has no variants"
+    chosen = [v for v in facts.variants if v.slug == gate.variant]
+    return chosen or f"variant {gate.variant!r} is not part of this run"
+
+
+def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, str]:
+    name = f"min_pass_rate >= {gate.value:.0%} ({_scope(gate)})"
+    targets = _targets(gate, facts)
+    if isinstance(targets, str):
+        return name, False, targets
+    passed, parts = True, []
+    for variant in targets:
+        tally = variant.tally
+        if tally.rate is None:
+            passed = False
+            parts.append(f"{variant.slug}: no passed or failed trial")
+            continue
+        ok = tally.rate >= gate.value
+        passed &= ok
+        sign = ">=" if ok else "<"
+        parts.append(
+            f"{variant.slug}: {tally.passed}/{tally.graded} = {tally.rate:.1%} {sign} {gate.value:.1%}"
+        )
+    return name, passed, "; ".join(parts)
+
+
+def _max_error_share(gate: MaxErrorShareGate, facts: RunFacts) -> tuple[str, bool, str]:
+    name = f"max_error_share <= {gate.value:.0%} ({_scope(gate)})"
+    targets = _targets(gate, facts)
+    if isinstance(targets, str):
+        return name, False, targets
+    passed, parts = True, []
+    for variant in targets:
+        tally = variant.tally
+        if tally.error_share is None:
+            passed = False
+            parts.append(f"{variant.slug}: no finished trial")
+            continue
+        ok = tally.error_share <= gate.value
+        passed &= ok
+        sign = "<=" if ok else ">"
+        parts.append(
+            f"{variant.slug}: {tally.errors}/{tally.finished} errors = {tally.error_share:.1%} {sign} "
+            f"{gate.value:.1%}"
+        )
+    return name, passed, "; ".join(parts)
+
+
+def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, str]:
+    name = f"no_regression vs {facts.baseline or 'baseline'} (alpha {gate.alpha:g}, {_scope(gate)})"
+    if gate.variant is not None and gate.variant == facts.baseline:
+        return name, False, f"variant {gate.variant!r} is the baseline: name another variant"
+    targets = _targets(gate, facts)
+    if isinstance(targets, str):
+        return name, False, targets
+    others = [v for v in targets if v.slug != facts.baseline]
+    if not others:
+        return name, True, "only the baseline ran: nothing to compare"
+    passed, parts = True, []
+    for variant in others:
+        if variant.delta is None or variant.p_adjusted is None:
+            parts.append(f"{variant.slug}: no task graded in both arms, not compared")
+            continue
+        regressed = variant.delta < 0 and variant.p_adjusted < gate.alpha
+        passed &= not regressed
+        verdict = "significant regression" if regressed else "no significant regression"
+        parts.append(f"{variant.slug}: Δ {variant.delta:+.1%}, Holm p = {variant.p_adjusted:.3g} ({verdict})")
+    return name, passed, "; ".join(parts)
+
+
+def _suite_thresholds(gate: SuiteThresholdsGate, facts: RunFacts) -> tuple[str, bool, str]:
+    name = f"suite_thresholds ({_scope(gate)})"
+    suites = [s for s in facts.suites if gate.variant is None or s.get("variant") == gate.variant]
+    if not suites:
+        # Declared but nothing to check: most likely the dataset task was filtered out.
+        return name, False, "no dataset task with suite_thresholds ran in this run"
+    failing = [f"{s.get('task')} × {s.get('variant')}" for s in suites if not s.get("passed")]
+    if failing:
+        return name, False, f"{len(failing)} of {len(suites)} suites below threshold: {', '.join(failing)}"
+    return name, True, f"all {len(suites)} suites met their thresholds"

@@ -1,0 +1,396 @@
+"""What every agent kind shares: events, usage, the invocation to run, the outcome.
+
+An agent kind is pure Python and imports no Django. The runner drives it in three steps:
+
+1. ``prepare(prompt, workspace, home, config, secrets)`` returns an ``AgentInvocation``: the argv,
+   stdin, extra environment, the secret names to inject and files to write before the start.
+   It raises ``AgentSetupError`` when the CLI or an API key is missing.
+2. The runner starts the process (``sandbox.run_process``) and feeds every stdout line to
+   ``parser.feed_line``. After each line it may compare ``parser.usage`` with the run limits
+   (``budget_exceeded``) and stop early; it also stops when ``parser.fatal`` is set.
+3. ``finish(process_result, parser, limit_hit=...)`` classifies the end into an ``AgentOutcome``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+EVENT_KINDS = ("message", "tool_call", "tool_result", "usage", "error", "system", "output")
+
+# Outcome statuses, as hints for the runner:
+#   completed: the agent ended on its own -> grade.
+#   limit:     a limit stopped it (timeout, max_turns, a token/cost budget) -> grade, flag the limit.
+#   error:     infrastructure failure (API down, bad key, crash) -> trial `error`, never a fail.
+#   cancelled: the run was cancelled -> trial `cancelled`.
+COMPLETED, LIMIT, ERROR, CANCELLED = "completed", "limit", "error", "cancelled"
+
+# Stream errors that mean "a limit the agent itself enforces was reached": graded, flagged.
+LIMIT_CATEGORIES = ("max_turns", "max_usd")
+
+# Tool results and command output kept in events/tool calls are cut to this many characters.
+MAX_TOOL_OUTPUT_CHARS = 2000
+
+
+class AgentSetupError(Exception):
+    """The agent cannot start (missing CLI, missing API key, bad config); the message says what to do."""
+
+
+class UnknownAgentKind(ValueError):
+    """No built-in or installed agent kind has this name."""
+
+
+@dataclass
+class AgentEvent:
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass
+class Usage:
+    """Token usage and cost, normalised across CLIs.
+
+    ``input_tokens`` counts input tokens NOT read from the cache (Anthropic's meaning). Codex reports
+    input including cached tokens; its parser subtracts them so both CLIs add up the same way.
+    ``cost_usd`` is None when neither the stream nor a price table gives a cost.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    cost_usd: float | None = None
+    turns: int = 0
+    reasoning_tokens: int = 0  # informational: already included in output_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_tokens": self.total_tokens}
+
+
+@dataclass
+class AgentInvocation:
+    """What to run. ``argv`` None means no process (the kind did its work in ``prepare``).
+
+    ``stdin`` b"" means: give the process an empty stdin that is closed at once (both CLIs wait on
+    an open pipe). ``env_extra`` holds non-secret variables; ``secrets_needed`` names variables whose
+    values the runner copies from the worker's environment (never stored, never shown).
+    ``files_to_write`` maps absolute paths (inside the sandbox) to contents, written before start.
+    """
+
+    argv: list[str] | None
+    stdin: bytes | None = None
+    env_extra: dict[str, str] = field(default_factory=dict)
+    secrets_needed: list[str] = field(default_factory=list)
+    files_to_write: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class AgentOutcome:
+    status: str  # COMPLETED | LIMIT | ERROR | CANCELLED
+    usage: Usage
+    error: str | None = None
+    error_category: str | None = None  # auth, rate_limit, overloaded, api_error, connection, ...
+    limit: str | None = None  # timeout, max_turns, max_total_tokens, max_usd
+    exit_code: int | None = None
+    final_text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    permission_denials: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class ProcessResultLike(Protocol):
+    """The fields of ``sandbox.ProcessResult`` that ``finish`` reads."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes | str
+    stderr: bytes | str
+    timed_out: bool
+    cancelled: bool
+    killed: bool
+
+
+class StreamParser(Protocol):
+    """What the runner reads from a parser (``BaseParser`` implements it)."""
+
+    usage: Usage
+    tool_calls: list[dict[str, Any]]
+    final_text: str
+    error: str | None
+    error_category: str | None
+    fatal: str | None
+    finished: bool
+
+    def feed_line(self, line: str) -> list[AgentEvent]: ...
+
+
+class BaseParser:
+    """State common to the parsers. Subclasses implement ``_parse(obj)`` for JSON lines.
+
+    ``error``/``error_category``: what the stream itself said went wrong.
+    ``fatal``: set while the agent still runs when it cannot recover (bad key, server unreachable):
+    the runner should stop the process instead of waiting for the wall-clock timeout.
+    ``finished``: the stream reached its normal last line (a result / a finished turn).
+    """
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.tool_calls: list[dict[str, Any]] = []
+        self.final_text = ""
+        self.error: str | None = None
+        self.error_category: str | None = None
+        self.fatal: str | None = None
+        self.fatal_category: str | None = None
+        self.finished = False
+        self.permission_denials: list[dict[str, Any]] = []
+        self._calls_by_id: dict[str, dict[str, Any]] = {}
+
+    def feed_line(self, line: str | bytes) -> list[AgentEvent]:
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", errors="replace")
+        line = line.strip()
+        if not line:
+            return []
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        events = self._parse(obj) if isinstance(obj, dict) else None
+        return [AgentEvent("output", {"text": line})] if events is None else events
+
+    def _parse(self, obj: dict[str, Any]) -> list[AgentEvent] | None:
+        """Events for one JSON object, or None when the line is not part of the protocol."""
+        raise NotImplementedError
+
+    def _add_tool_call(self, call_id: str, name: str, tool_input: dict[str, Any]) -> AgentEvent | None:
+        """Record a tool call once per id; returns its event, or None when already known."""
+        if call_id and call_id in self._calls_by_id:
+            return None
+        call = {"id": call_id, "name": name, "input": tool_input, "status": "pending", "output": None}
+        self.tool_calls.append(call)
+        if call_id:
+            self._calls_by_id[call_id] = call
+        return AgentEvent("tool_call", {"id": call_id, "name": name, "input": tool_input})
+
+    def _usage_event(self) -> AgentEvent:
+        return AgentEvent("usage", self.usage.as_dict())
+
+
+class AgentKind:
+    """Base class of agent kinds. ``finish`` classifies the end; kinds whose stream has a terminal
+    line set ``needs_final_line``."""
+
+    name = ""
+    # A CLI whose stream ends with a result line: exiting without that line is an error.
+    needs_final_line = False
+
+    def prepare(
+        self,
+        prompt: str,
+        workspace: Path,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        raise NotImplementedError
+
+    def parser(self, config: Mapping[str, Any] | None = None) -> BaseParser:
+        """A fresh parser for one run; ``config`` is the same agent config ``prepare`` got."""
+        raise NotImplementedError
+
+    def finish(
+        self, result: ProcessResultLike | None, parser: BaseParser, *, limit_hit: str | None = None
+    ) -> AgentOutcome:
+        return classify(result, parser, limit_hit=limit_hit, needs_final_line=self.needs_final_line)
+
+
+def classify(
+    result: ProcessResultLike | None,
+    parser: BaseParser,
+    *,
+    limit_hit: str | None,
+    needs_final_line: bool,
+) -> AgentOutcome:
+    """Turn a finished process plus what its stream said into an outcome.
+
+    Steps, first match wins (the stream is trusted over the exit code):
+    1. the runner stopped it for a budget (``limit_hit``) -> limit;
+    2. the parser saw an unrecoverable problem (``fatal``) -> error, even if the runner then
+       killed the process (that kill is the consequence, not a cancel);
+    3. the runner cancelled it -> cancelled;
+    4. the stream reported an error: ``max_turns``/``max_usd`` -> limit, anything else -> error;
+    5. wall-clock timeout -> limit ``timeout``;
+    6. killed by a signal nobody sent, or exit 126/127 -> error ``crash``;
+    7. a CLI stream that never reached its last line -> error ``no_result``;
+    8. otherwise completed (a non-zero exit of a plain command is noted, not an error).
+    """
+    outcome = AgentOutcome(
+        status=COMPLETED,
+        usage=parser.usage,
+        exit_code=getattr(result, "exit_code", None),
+        final_text=parser.final_text,
+        tool_calls=parser.tool_calls,
+        permission_denials=parser.permission_denials,
+    )
+    if limit_hit:
+        return _set(outcome, LIMIT, f"stopped: the agent's usage crossed {limit_hit}", None, limit_hit)
+    if parser.fatal:
+        return _set(outcome, ERROR, parser.fatal, parser.fatal_category or "api_error")
+    if result is None:
+        return outcome
+    if result.cancelled:
+        return _set(outcome, CANCELLED, "cancelled while the agent was running", "cancelled")
+    if parser.error:
+        if parser.error_category in LIMIT_CATEGORIES:
+            category = parser.error_category
+            return _set(outcome, LIMIT, parser.error, category, category)
+        return _set(outcome, ERROR, parser.error, parser.error_category or "agent_error")
+    if result.timed_out:
+        return _set(outcome, LIMIT, "the agent ran past its wall-clock timeout", None, "timeout")
+    if result.signal and not result.killed:
+        return _set(
+            outcome, ERROR, f"the agent died from signal {result.signal}{_stderr_tail(result)}", "crash"
+        )
+    if result.exit_code in (126, 127):
+        return _set(outcome, ERROR, f"the agent command could not run{_stderr_tail(result)}", "crash")
+    if needs_final_line and not parser.finished:
+        message = f"the agent exited (code {result.exit_code}) before its final result line"
+        return _set(outcome, ERROR, message + _stderr_tail(result), "no_result")
+    if result.exit_code:
+        outcome.notes.append(f"exit code {result.exit_code}")
+    return outcome
+
+
+def _set(
+    outcome: AgentOutcome, status: str, error: str, category: str | None, limit: str | None = None
+) -> AgentOutcome:
+    outcome.status, outcome.error, outcome.error_category, outcome.limit = status, error, category, limit
+    return outcome
+
+
+def _stderr_tail(result: ProcessResultLike, chars: int = 500) -> str:
+    text = as_text(getattr(result, "stderr", "") or "").strip()
+    return f": {text[-chars:]}" if text else ""
+
+
+def as_text(data: bytes | str) -> str:
+    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+
+
+def clip(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… [{len(text) - limit} more characters]"
+
+
+def budget_exceeded(usage: Usage, limits: Mapping[str, Any]) -> str | None:
+    """Name of the first run limit (``max_total_tokens``, ``max_usd``, ``max_turns``) crossed, else None.
+
+    The runner calls this after each parsed line, so an agent is stopped mid-stream.
+    """
+    max_tokens = limits.get("max_total_tokens")
+    if max_tokens is not None and usage.total_tokens > max_tokens:
+        return "max_total_tokens"
+    max_usd = limits.get("max_usd")
+    if max_usd is not None and usage.cost_usd is not None and usage.cost_usd > max_usd:
+        return "max_usd"
+    max_turns = limits.get("max_turns")
+    if max_turns is not None and usage.turns > max_turns:
+        return "max_turns"
+    return None
+
+
+def estimate_cost(usage: Usage, prices: Mapping[str, float]) -> float:
+    """USD from per-million-token prices: ``input``, ``output``, ``cache_write``, ``cache_read``."""
+    return (
+        usage.input_tokens * prices.get("input", 0.0)
+        + usage.output_tokens * prices.get("output", 0.0)
+        + usage.cache_creation_tokens * prices.get("cache_write", 0.0)
+        + usage.cache_read_tokens * prices.get("cache_read", 0.0)
+    ) / 1_000_000
+
+
+def write_files(invocation: AgentInvocation) -> None:
+    """Write ``files_to_write`` (the runner calls this after building the sandbox)."""
+    for name, content in invocation.files_to_write.items():
+        path = Path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+
+def require_secrets(kind: str, names: list[str], secrets: Mapping[str, str]) -> list[str]:
+    """Problems for the secrets that are missing or empty, worded as what to set."""
+    return [
+        f"{kind} needs the API key {name}: set {name} in the environment of the worker process "
+        "(it is read there at run time, never stored)"
+        for name in names
+        if not secrets.get(name)
+    ]
+
+
+def raise_problems(problems: list[str]) -> None:
+    if problems:
+        raise AgentSetupError("; ".join(problems))
+
+
+# <project>/node_modules/.bin holds the CLIs installed by `npm ci` from the project's package.json.
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+INSTALL_HINT = "run `npm ci` in the project root (it installs the pinned CLIs into node_modules/)"
+
+# Prompts this long (or starting with "-", which a CLI would read as an option) go on stdin:
+# one argv string may not exceed 128 KiB on Linux.
+MAX_ARGV_PROMPT_BYTES = 100_000
+
+
+def prompt_fits_argv(prompt: str) -> bool:
+    return not prompt.startswith("-") and len(prompt.encode()) <= MAX_ARGV_PROMPT_BYTES
+
+
+def find_cli(
+    kind: str, program: str, config: Mapping[str, Any], env_var: str
+) -> tuple[str | None, str | None]:
+    """Locate a CLI: config ``binary``, then $env_var, then node_modules/.bin, then PATH.
+
+    Returns (path, None) or (None, problem) where the problem says what to install or set.
+    """
+    for source, value in (
+        ("the variant's `binary` option", config.get("binary")),
+        (env_var, os.environ.get(env_var)),
+    ):
+        if value:
+            found = shutil.which(str(value))
+            if found:
+                return found, None
+            return None, f"{kind}: {source} points to {value}, which is not an executable file"
+    local = PROJECT_ROOT / "node_modules" / ".bin" / program
+    if os.access(local, os.X_OK):
+        return str(local), None
+    found = shutil.which(program)
+    if found:
+        return found, None
+    return None, (
+        f"{kind}: the `{program}` CLI is not installed ({local} is missing and it is not on PATH); "
+        f"{INSTALL_HINT}, or set {env_var} to its path"
+    )
+
+
+def require_cli(
+    kind: str, program: str, env_var: str, api_key: str, config: Mapping[str, Any], secrets: Mapping[str, str]
+) -> str:
+    """The path of a model CLI (see ``find_cli``), once both it and its API key are there.
+
+    Raises ``AgentSetupError`` naming every problem at once: what to install and which key to set.
+    """
+    binary, problem = find_cli(kind, program, config, env_var)
+    problems = [problem] if problem else []
+    problems += require_secrets(kind, [api_key], secrets)
+    raise_problems(problems)
+    assert binary is not None  # find_cli returns a path or a problem
+    return binary

@@ -1,0 +1,263 @@
+"""Grading: coder-eval's success criteria, weights, thresholds and gating, in plain Python.
+
+Use:
+    check_params(criterion)          -> None or CriterionConfigError (the importer calls it too)
+    grade(criteria, ctx)             -> GradeResult
+    suite_rollup(criteria, rows)     -> SuiteRollup (dataset suite thresholds, end of run)
+
+A criterion is a mapping as written in the task YAML, after the runner substituted
+`${row.field}`. Common fields (coder-eval's): `type`, `description`, `weight` (>= 0, default
+1; 0 = informational: left out of the score), `pass_threshold` (0..1, default 0.9; 0.7 for
+`llm_judge`), `suite_thresholds` (dataset tasks). evalsite adds `gating` (default
+`weight > 0`, which is coder-eval's rule: an informational criterion cannot fail a trial).
+
+Rules (coder-eval's unless noted):
+1. Each criterion scores in [0, 1] and passes when score >= pass_threshold.
+2. The trial's score is the weight-averaged score; 0.0 when the weights sum to 0.
+3. The trial passes when every gating criterion passes (so an all-informational task passes).
+4. evalsite: a criterion that crashes (bad parameters, unknown type, a sandbox or judge
+   failure, a plugin exception) sets GradeResult.error: the trial is `error`, not `failed`.
+   A check that merely does not hold (missing file, wrong exit code) is a failure, score 0.
+5. Paths are relative to the workspace; absolute paths and `..` are configuration errors, and
+   a symlink leading outside the workspace fails the check.
+
+Third-party criteria come from the `evalsite.criteria` entry-point group. The entry point's
+name is the criterion type; it loads an object (a module, an instance, or a class that is
+instantiated without arguments) with:
+    evaluate(params: dict, ctx: GradingContext) -> tuple[float, dict]
+        score in [0, 1] (clamped; not a finite number is an error) and JSON-serialisable
+        details. Raise to report an error. `params` is the criterion without the common fields.
+    check_params(params: dict) -> None        (optional) raise CriterionConfigError or ValueError.
+    default_pass_threshold: float             (optional, default 0.9)
+A bare function is taken as `evaluate`, with an optional `check_params` attribute. Built-in
+types cannot be replaced; a plugin that fails to load makes its type a configuration error.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+from runs_app.engine.criteria import commands, files, judge
+from runs_app.engine.criteria.base import (
+    CommandOutcome,
+    CriterionConfigError,
+    CriterionResult,
+    CriterionType,
+    GradingContext,
+    clamp_score,
+)
+from runs_app.engine.criteria.suite import SuiteRollup, suite_passed, suite_rollup
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CommandOutcome",
+    "CriterionConfigError",
+    "CriterionResult",
+    "CriterionType",
+    "GradeResult",
+    "GradingContext",
+    "SuiteRollup",
+    "check_params",
+    "grade",
+    "registry",
+    "suite_passed",
+    "suite_rollup",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "evalsite.criteria"
+COMMON_FIELDS = {"type", "description", "weight", "pass_threshold", "gating", "suite_thresholds"}
+# Scores like 0.1 + 0.2 + 0.6 must not miss a 0.9 threshold by a rounding error.
+EPSILON = 1e-9
+BUILTINS = {kind.name: kind for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA]}
+
+
+@dataclass
+class GradeResult:
+    criteria: list[CriterionResult] = field(default_factory=list)
+    score: float = 0.0
+    passed: bool = False
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- registry
+
+
+def _plugin_type(name: str, obj: object) -> CriterionType:
+    if inspect.isclass(obj):
+        obj = obj()
+    evaluate = getattr(obj, "evaluate", None) or (obj if callable(obj) else None)
+    if not callable(evaluate):
+        raise TypeError("it has no evaluate(params, ctx) function")
+    check = getattr(obj, "check_params", None) or (lambda params: None)
+    threshold = getattr(obj, "default_pass_threshold", 0.9)
+    return CriterionType(name, check, evaluate, threshold)
+
+
+def _broken_type(name: str, source: str, exc: Exception) -> CriterionType:
+    message = f"criterion type {name!r} comes from plugin {source}, which failed to load: {exc}"
+
+    def refuse(params: dict) -> None:
+        raise CriterionConfigError(message)
+
+    return CriterionType(name, refuse, lambda params, ctx: refuse(params))
+
+
+@functools.cache
+def registry() -> dict[str, CriterionType]:
+    """Built-in criteria plus plugins from the entry-point group (loaded once per process)."""
+    kinds = dict(BUILTINS)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in BUILTINS:
+            logger.warning("ignoring plugin %s: %r is a built-in criterion type", entry.value, entry.name)
+            continue
+        try:
+            kinds[entry.name] = _plugin_type(entry.name, entry.load())
+        except Exception as exc:
+            logger.exception("criterion plugin %s failed to load", entry.value)
+            kinds[entry.name] = _broken_type(entry.name, entry.value, exc)
+    return kinds
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def _number(criterion: Mapping, key: str, default: float, high: float | None) -> float:
+    value = criterion.get(key, default)
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    bad = not number or value < 0
+    if bad or (high is not None and value > high):
+        bound = f"in [0, {high}]" if high is not None else ">= 0"
+        raise CriterionConfigError(f"'{key}' must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_common(criterion: Mapping) -> None:
+    if not isinstance(criterion.get("description", ""), str):
+        raise CriterionConfigError("'description' must be a string")
+    _number(criterion, "weight", 1.0, None)
+    _number(criterion, "pass_threshold", 0.9, 1.0)
+    # None (as a spec model dumps it) means the default: gating when weight > 0.
+    if criterion.get("gating") is not None and not isinstance(criterion["gating"], bool):
+        raise CriterionConfigError("'gating' must be true or false")
+    thresholds = criterion.get("suite_thresholds")
+    if thresholds is not None and criterion.get("weight", 1.0) == 0:
+        raise CriterionConfigError("a weight 0 (informational) criterion cannot set suite_thresholds")
+    if thresholds is not None and not (
+        isinstance(thresholds, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            for k, v in thresholds.items()
+        )
+    ):
+        raise CriterionConfigError(
+            "'suite_thresholds' must map metric names to minimum values, e.g. {mean: 0.8}"
+        )
+
+
+def _criterion_type(criterion: Mapping) -> CriterionType:
+    if not isinstance(criterion, Mapping):
+        raise CriterionConfigError(f"a criterion must be a mapping, got {type(criterion).__name__}")
+    name = criterion.get("type")
+    kinds = registry()
+    if name not in kinds:
+        raise CriterionConfigError(
+            f"unknown criterion type {name!r}; known types: {', '.join(sorted(kinds))}"
+        )
+    return kinds[name]
+
+
+def _params(criterion: Mapping) -> dict:
+    return {key: value for key, value in criterion.items() if key not in COMMON_FIELDS}
+
+
+def check_params(criterion: Mapping) -> None:
+    """Raise CriterionConfigError, naming the field, when the criterion cannot be graded."""
+    kind = _criterion_type(criterion)
+    _check_common(criterion)
+    try:
+        kind.check_params(_params(criterion))
+    except CriterionConfigError:
+        raise
+    # A plugin may report bad parameters with a plain ValueError or TypeError.
+    except (ValueError, TypeError) as exc:
+        raise CriterionConfigError(f"{kind.name}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- grading
+
+
+def _jsonable(details: object) -> dict:
+    """Details survive a JSON round trip (values it cannot encode become strings)."""
+    if not isinstance(details, dict):
+        details = {"value": details}
+    return json.loads(json.dumps(details, default=str))
+
+
+def _lenient(value: object, default: float) -> float:
+    """A usable non-negative number, or the default (the criterion's error says what is wrong)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok and value >= 0 else default
+
+
+def _blank_result(index: int, criterion: object) -> CriterionResult:
+    """Result fields read leniently, so even a malformed criterion yields a result row."""
+    spec = criterion if isinstance(criterion, Mapping) else {}
+    name = spec.get("type")
+    kind = registry().get(name) if isinstance(name, str) else None
+    weight = _lenient(spec.get("weight"), 1.0)
+    threshold = _lenient(spec.get("pass_threshold"), kind.default_pass_threshold if kind else 0.9)
+    gating = spec.get("gating", weight > 0)
+    return CriterionResult(
+        index=index,
+        type=str(name),
+        description=str(spec.get("description", "")),
+        score=0.0,
+        passed=False,
+        weight=weight,
+        pass_threshold=threshold,
+        gating=gating if isinstance(gating, bool) else weight > 0,
+    )
+
+
+def grade_one(index: int, criterion: Mapping, ctx: GradingContext) -> CriterionResult:
+    result = _blank_result(index, criterion)
+    try:
+        check_params(criterion)
+        kind = registry()[criterion["type"]]
+        score, details = kind.evaluate(_params(criterion), ctx)
+        result.score = clamp_score(score, f"criterion type {kind.name!r}")
+        result.details = _jsonable(details)
+    except CriterionConfigError as exc:
+        result.error = f"bad parameters: {exc}"
+    except Exception as exc:
+        logger.warning("criterion %d (%s) crashed", index, result.type, exc_info=True)
+        result.error = str(exc) if isinstance(exc, judge.JudgeError) else f"{type(exc).__name__}: {exc}"
+    if result.error is None:
+        result.passed = result.score + EPSILON >= result.pass_threshold
+    return result
+
+
+def weighted_score(results: list[CriterionResult]) -> float:
+    total = sum(r.weight for r in results)
+    return sum(r.score * r.weight for r in results) / total if total > 0 else 0.0
+
+
+def grade(criteria: list[dict], ctx: GradingContext) -> GradeResult:
+    """Grade every criterion (all of them, even after one crashed, so the page shows each)."""
+    results = [grade_one(index, criterion, ctx) for index, criterion in enumerate(criteria)]
+    errors = [f"criterion {r.index + 1} ({r.type}): {r.error}" for r in results if r.error]
+    return GradeResult(
+        criteria=results,
+        score=weighted_score(results),
+        passed=not errors and all(r.passed for r in results if r.gating),
+        error="; ".join(errors) or None,
+    )

@@ -1,0 +1,213 @@
+"""Criteria about commands: run_command (runs one in the sandbox) and command_executed (looks
+at the agent's recorded tool calls). Parameters and scoring follow coder-eval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+
+from runs_app.engine.criteria.base import (
+    CriterionConfigError,
+    CriterionType,
+    GradingContext,
+    allow_only,
+    cap,
+    check_regex,
+    opt_bool,
+    opt_int,
+    opt_number,
+    opt_str,
+    req_str,
+)
+
+STDOUT_MATCHES = ("exact", "contains", "regex")
+# coder-eval bounds the text a command_pattern searches, against catastrophic backtracking.
+MAX_SEARCH_CHARS = 2000
+MAX_COMMAND_TIMEOUT = 24 * 3600
+
+# ---------------------------------------------------------------- run_command
+
+
+def check_run_command(params: dict) -> None:
+    what = "run_command"
+    allow_only(
+        params,
+        what,
+        {"command", "timeout", "expected_exit_code", "expected_stdout", "stdout_match", "score_from_stdout"},
+    )
+    req_str(params, "command", what)
+    opt_number(params, "timeout", what, 30, 0.001, MAX_COMMAND_TIMEOUT)
+    opt_int(params, "expected_exit_code", what, 0, minimum=-255)
+    expected = opt_str(params, "expected_stdout", what)
+    mode = params.get("stdout_match", "exact")
+    if mode not in STDOUT_MATCHES:
+        raise CriterionConfigError(f"{what}: 'stdout_match' must be one of {', '.join(STDOUT_MATCHES)}")
+    if opt_bool(params, "score_from_stdout", what, False) and expected is not None:
+        raise CriterionConfigError(
+            f"{what}: 'score_from_stdout' and 'expected_stdout' are mutually exclusive; use "
+            "score_from_stdout for a 0..1 score on stdout's first line, or expected_stdout to match text"
+        )
+    if mode == "regex" and expected is not None:
+        check_regex(expected, 0, f"{what}: 'expected_stdout'")
+
+
+def stdout_matches(actual: str, expected: str, mode: str) -> bool:
+    """exact/contains compare stripped text; a regex keeps its authored whitespace (coder-eval)."""
+    if mode == "exact":
+        return actual.strip() == expected.strip()
+    if mode == "contains":
+        return expected.strip() in actual.strip()
+    return re.search(expected, actual) is not None
+
+
+def _parse_score_line(stdout: str) -> tuple[float | None, str | None]:
+    """The 0..1 score on stdout's first line (clamped), or (None, why it is not one)."""
+    lines = stdout.splitlines()
+    first = lines[0].strip() if lines else ""
+    if not first:
+        return None, "no score: stdout is empty"
+    try:
+        raw = float(first)
+    except ValueError:
+        return None, f"could not parse a score from the first line {cap(first, 200)!r}"
+    if not math.isfinite(raw):
+        return None, f"invalid score {first!r}"
+    return min(1.0, max(0.0, raw)), None
+
+
+def evaluate_run_command(params: dict, ctx: GradingContext) -> tuple[float, dict]:
+    """Binary on exit code and optional stdout match, or continuous with `score_from_stdout`.
+
+    A timeout, a wrong exit code or an unparsable score line are failed checks (score 0), as
+    in coder-eval; only the sandbox failing to run the command at all is an error.
+    """
+    if ctx.run_command is None:
+        raise RuntimeError("run_command needs a sandbox command runner, and the grading context has none")
+    expected_exit = params.get("expected_exit_code", 0)
+    outcome = ctx.run_command(params["command"], float(params.get("timeout", 30)))
+    details = {
+        "command": params["command"],
+        "exit_code": outcome.exit_code,
+        "expected_exit_code": expected_exit,
+        "timed_out": outcome.timed_out,
+        "stdout": cap(outcome.stdout),
+        "stderr": cap(outcome.stderr),
+    }
+    exit_ok = outcome.exit_code == expected_exit and not outcome.timed_out
+    if params.get("score_from_stdout"):
+        if not exit_ok:
+            return 0.0, details
+        score, problem = _parse_score_line(outcome.stdout)
+        return (score or 0.0), details | ({"problem": problem} if problem else {"score": score})
+    expected = params.get("expected_stdout")
+    if expected is None:
+        return (1.0 if exit_ok else 0.0), details
+    mode = params.get("stdout_match", "exact")
+    stdout_ok = stdout_matches(outcome.stdout, expected, mode)
+    details |= {"expected_stdout": cap(expected, 500), "stdout_match": mode, "stdout_ok": stdout_ok}
+    return (1.0 if exit_ok and stdout_ok else 0.0), details
+
+
+# ---------------------------------------------------------------- command_executed
+
+
+def check_command_executed(params: dict) -> None:
+    what = "command_executed"
+    allow_only(
+        params,
+        what,
+        {"tool_name", "command_pattern", "exclude_pattern", "min_count", "max_count", "require_success"},
+    )
+    opt_str(params, "tool_name", what)
+    for key in ("command_pattern", "exclude_pattern"):
+        pattern = opt_str(params, key, what)
+        if pattern is not None:
+            check_regex(pattern, re.DOTALL, f"{what}: '{key}'")
+    min_count = opt_int(params, "min_count", what, 1)
+    max_count = opt_int(params, "max_count", what, None)
+    if max_count is not None and max_count < min_count:
+        raise CriterionConfigError(f"{what}: max_count ({max_count}) must be >= min_count ({min_count})")
+    opt_bool(params, "require_success", what, False)
+
+
+def _unwrap_shell(command: str) -> str | None:
+    """`bash -lc "python x.py"` as the logical command `python x.py`, quotes resolved.
+
+    Agents (Codex especially) wrap commands in a shell; authors write patterns against the
+    command itself. None when the text does not tokenize (an unbalanced quote).
+    """
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return None
+    shell = len(tokens) == 3 and tokens[0].rsplit("/", 1)[-1].endswith("sh")
+    if shell and tokens[1].startswith("-") and "c" in tokens[1][1:]:
+        try:
+            tokens = shlex.split(tokens[2])
+        except ValueError:
+            return None
+    return " ".join(tokens)
+
+
+def _haystacks(call: dict) -> tuple[list[str], str]:
+    """The texts a pattern is matched against, and a short label for details."""
+    name = call.get("name", "")
+    tool_input = call.get("input") or {}
+    command = tool_input.get("command") if isinstance(tool_input, dict) else None
+    if isinstance(command, list) and all(isinstance(part, str) for part in command):
+        command = shlex.join(command)
+    if isinstance(command, str) and command:
+        window = command[:MAX_SEARCH_CHARS]
+        normalized = _unwrap_shell(window)
+        texts = [window] + ([normalized] if normalized and normalized != window else [])
+        return texts, cap(command, 300)
+    blob = json.dumps(tool_input, default=str, sort_keys=True)
+    return [blob[:MAX_SEARCH_CHARS]], f"{name}({cap(blob, 120)})"
+
+
+def _matching_calls(params: dict, calls: list[dict]) -> list[str]:
+    pattern = params.get("command_pattern")
+    exclude = params.get("exclude_pattern")
+    matched = []
+    for call in calls:
+        if params.get("tool_name") is not None and call.get("name") != params["tool_name"]:
+            continue
+        # Only a call known to have succeeded counts (coder-eval counts result_status == success).
+        if params.get("require_success") and call.get("is_error") is not False:
+            continue
+        texts, label = _haystacks(call)
+        if pattern is not None and not any(re.search(pattern, t, re.DOTALL) for t in texts):
+            continue
+        if exclude is not None and any(re.search(exclude, t, re.DOTALL) for t in texts):
+            continue
+        matched.append(label)
+    return matched
+
+
+def evaluate_command_executed(params: dict, ctx: GradingContext) -> tuple[float, dict]:
+    """Without max_count: min(1, matches / min_count) (1.0 when min_count is 0).
+    With max_count: binary, min_count <= matches <= max_count ("must NOT run": 0 and 0).
+    """
+    matched = _matching_calls(params, ctx.tool_calls)
+    count, min_count, max_count = len(matched), params.get("min_count", 1), params.get("max_count")
+    if max_count is None:
+        score = 1.0 if min_count == 0 else min(1.0, count / min_count)
+    else:
+        score = 1.0 if min_count <= count <= max_count else 0.0
+    details = {
+        "match_count": count,
+        "min_count": min_count,
+        "max_count": max_count,
+        "tool_calls_seen": len(ctx.tool_calls),
+        "examples": matched[:5],
+    }
+    return score, details
+
+
+CRITERIA = [
+    CriterionType("run_command", check_run_command, evaluate_run_command),
+    CriterionType("command_executed", check_command_executed, evaluate_command_executed),
+]

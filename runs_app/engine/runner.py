@@ -1,0 +1,643 @@
+"""Executing one trial: claim, build the sandbox, run the agent, grade, persist, clean up.
+
+Plain Python around the pure modules (workspace, sandbox, agents, criteria). `control.execute`
+claims a trial here and runs it (`run_claimed`), then decides what the worker does next; the
+engine never reaches back into run control.
+
+1. Claim with a conditional UPDATE (queued -> running, with a lease); no row means another
+   worker has it, or it already ended (a redelivered message): do nothing.
+2. A heartbeat thread renews the lease and watches the run's cancel flag twice a second.
+3. Setup: unpack the task (and experiment) bundles, apply template sources, run pre_run.
+4. Agent: prepare, run under process control; every stdout line is parsed live into events
+   and usage, and a crossed budget or a fatal stream error stops it at once.
+5. Grade the finished workspace (unless the agent errored or was cancelled), run post_run.
+6. Persist everything in one transaction, conditional on still holding the lease.
+"""
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
+
+from experiments_app.models import Bundle
+from experiments_app.specs.bundles import extract_bundle
+from runs_app.engine import agents, criteria, sandbox, workspace
+from runs_app.engine.agents import base as agent_base
+from runs_app.models import CriterionResult, Run, Trial, TrialEvent
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TASK_TIMEOUT = 600
+FLUSH_EVERY_SECONDS = 0.5
+MAX_PARSED_BYTES = 64 << 20
+COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
+
+
+class TrialAborted(Exception):
+    """Setup failed in a way that makes the trial `error` (message says what to fix)."""
+
+    def __init__(self, category: str, message: str):
+        self.category = category
+        super().__init__(message)
+
+
+@dataclass
+class Outcome:
+    status: str
+    error_category: str = ""
+    error_message: str = ""
+    score: float | None = None
+    timed_out: bool = False
+    budget_exceeded: str = ""
+    usage: agent_base.Usage = field(default_factory=agent_base.Usage)
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    diff: str = ""
+    diff_truncated: bool = False
+    criteria: list = field(default_factory=list)
+    artifact: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def claim(trial_id: int, worker: str) -> bool:
+    now = timezone.now()
+    claimed = Trial.objects.filter(
+        pk=trial_id, status=Trial.Status.QUEUED, run__cancel_requested=False
+    ).update(
+        status=Trial.Status.RUNNING,
+        lease_owner=worker,
+        lease_expires_at=now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS),
+        started_at=now,
+    )
+    return claimed == 1
+
+
+def run_claimed(trial_id: int, worker: str) -> tuple[str | None, int]:
+    """Run a trial this worker has claimed to its final state. Returns the stored status (None
+    when the lease was lost before saving: another attempt owns the trial) and the run's id."""
+    trial = Trial.objects.select_related("run", "variant", "task_version__bundle", "task_version__task").get(
+        pk=trial_id
+    )
+    if trial.run.status == trial.run.Status.QUEUED:
+        Run.objects.mark_started(trial.run_id)
+    execution = TrialExecution(trial, worker)
+    try:
+        outcome = execution.run()
+    except Exception as exc:  # the harness itself failed: never a "failed" trial
+        logger.exception("trial %s crashed in the harness", trial_id)
+        outcome = Outcome(Trial.Status.ERROR, "harness", f"{type(exc).__name__}: {exc}")
+    finally:
+        execution.stop_heartbeat()
+    stored = execution.persist(outcome)
+    return (outcome.status if stored else None), trial.run_id
+
+
+class Recorder:
+    """Buffers a trial's events and writes them in small batches (capped per trial)."""
+
+    def __init__(self, trial_id: int, secrets: list[str], first_attempt: bool = False):
+        self.trial_id = trial_id
+        self.secrets = secrets
+        # A first attempt has no events yet (the reaper only writes to re-queued trials).
+        last = (
+            0
+            if first_attempt
+            else (
+                TrialEvent.objects.filter(trial_id=trial_id)
+                .order_by("-seq")
+                .values_list("seq", flat=True)
+                .first()
+            )
+        )
+        self.seq = last or 0
+        self.count = 0
+        self.dropped = 0
+        self.buffer: list[TrialEvent] = []
+        self.last_flush = time.monotonic()
+
+    def add(self, kind: str, data: dict[str, Any]) -> None:
+        if self.count >= settings.TRIAL_EVENT_CAP:
+            self.dropped += 1
+            return
+        self.count += 1
+        self.seq += 1
+        data = _redact(data, self.secrets)
+        self.buffer.append(
+            TrialEvent(trial_id=self.trial_id, seq=self.seq, at=timezone.now(), kind=kind, data=data)
+        )
+        if time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
+            self.flush()
+
+    def phase(self, name: str, flush: bool = False, **data: Any) -> None:
+        """A phase change; `flush` writes it at once (the run page shows it live)."""
+        self.add(TrialEvent.Kind.PHASE, {"phase": name, **data})
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            TrialEvent.objects.bulk_create(self.buffer)
+            self.buffer = []
+        self.last_flush = time.monotonic()
+
+
+class Heartbeat(threading.Thread):
+    """Renews the trial's lease and polls the run's cancel flag while the trial executes."""
+
+    def __init__(self, trial: Trial, worker: str):
+        super().__init__(daemon=True, name=f"heartbeat-{trial.pk}")
+        self.trial_id, self.run_id, self.worker = trial.pk, trial.run_id, worker
+        self.cancelled = threading.Event()
+        self.lease_lost = threading.Event()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        renew_every = settings.TRIAL_LEASE_SECONDS / 3
+        next_renewal = time.monotonic() + renew_every
+        try:
+            while not self.stopping.wait(0.5):
+                try:
+                    if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
+                        self.cancelled.set()
+                    if time.monotonic() >= next_renewal:
+                        self._renew()
+                        next_renewal = time.monotonic() + renew_every
+                except DatabaseError:
+                    # A busy or restarting database must not end the heartbeat: the next
+                    # tick tries again, well before the lease runs out.
+                    logger.warning("trial %s: heartbeat could not reach the database", self.trial_id)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    def _renew(self) -> None:
+        expires = timezone.now() + timedelta(seconds=settings.TRIAL_LEASE_SECONDS)
+        renewed = Trial.objects.filter(
+            pk=self.trial_id, status=Trial.Status.RUNNING, lease_owner=self.worker
+        ).update(lease_expires_at=expires)
+        if not renewed:
+            self.lease_lost.set()  # reaped (we looked dead) or finished elsewhere: stop working
+
+    def stop_reason(self) -> str | None:
+        if self.lease_lost.is_set():
+            return "lease_lost"
+        if self.cancelled.is_set():
+            return "cancelled"
+        return None
+
+
+class TrialExecution:
+    def __init__(self, trial: Trial, worker: str):
+        self.trial = trial
+        self.worker = worker
+        self.config: dict = trial.config
+        self.secret_values: list[str] = []
+        self.recorder = Recorder(trial.pk, self.secret_values, first_attempt=trial.attempt == 1)
+        self.heartbeat = Heartbeat(trial, worker)
+        self.paths: workspace.SandboxPaths | None = None
+        self.agent_process_seconds = 0.0
+        self.root: Path | None = None
+
+    # --- the phases ---------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        self.heartbeat.start()
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        self.recorder.phase("setup", flush=True, worker=self.worker, attempt=self.trial.attempt)
+        try:
+            self.setup()
+        except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:
+            category = exc.category if isinstance(exc, TrialAborted) else "setup"
+            return self._ended(Outcome(Trial.Status.ERROR, category, str(exc)), timings, started)
+        timings["setup"] = time.perf_counter() - started
+        if reason := self.heartbeat.stop_reason():
+            return self._ended(self._stopped(reason), timings, started)
+
+        before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
+        agent_started = time.perf_counter()
+        self.recorder.phase("agent", flush=True, kind=self._agent_kind())
+        outcome = self.run_agent()
+        timings["agent"] = time.perf_counter() - agent_started
+        after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
+        outcome.diff, outcome.diff_truncated = workspace.unified_diff(before, after, settings.DIFF_CAP_BYTES)
+        if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED):
+            return self._ended(outcome, timings, started)
+
+        grading_started = time.perf_counter()
+        self.recorder.phase("grading")
+        self.grade(outcome)
+        timings["grading"] = time.perf_counter() - grading_started
+        self.recorder.phase("post_run")
+        self.run_steps("post_run", fatal=False)
+        return self._ended(outcome, timings, started)
+
+    def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
+        timings["total"] = time.perf_counter() - started
+        outcome.timings = timings
+        if self.trial.run.keep_artifacts and self.paths is not None:
+            outcome.artifact = self._save_artifact()
+        self.cleanup()
+        self.recorder.phase(
+            "finished",
+            status=outcome.status,
+            error=outcome.error_message[:500],
+            seconds=round(timings["total"], 4),
+            agent_process_seconds=round(self.agent_process_seconds, 4),
+        )
+        return outcome
+
+    def _stopped(self, reason: str) -> Outcome:
+        if reason == "cancelled":
+            return Outcome(Trial.Status.CANCELLED, "cancelled", "the run was cancelled")
+        return Outcome(Trial.Status.ERROR, "lost", "this worker lost the trial's lease")
+
+    def setup(self) -> None:
+        token = uuid.uuid4().hex[:8]
+        root = Path(settings.SANDBOX_ROOT) / f"trial-{self.trial.pk}-a{self.trial.attempt}-{token}"
+        Path(settings.SANDBOX_ROOT).mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.SANDBOX_ROOT, 0o711)
+        self.root = root
+        self.paths = workspace.layout(root)
+        version = self.trial.task_version
+        self.task_bundle_dir = root / "task"
+        extract_bundle(bytes(version.bundle.data), self.task_bundle_dir)
+        self.task_yaml_dir = str(PurePosixPath(version.yaml_path).parent)
+        self.experiment_bundle_dir: Path | None = None
+        experiment = self.trial.run.config.get("experiment", {})
+        if experiment.get("bundle"):
+            self.experiment_bundle_dir = root / "experiment"
+            extract_bundle(_bundle_data(experiment["bundle"]), self.experiment_bundle_dir)
+            self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
+        sources = (self.config.get("sandbox") or {}).get("template_sources") or []
+        for index, source in enumerate(sources):
+            bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
+            workspace.materialize(
+                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns()
+            )
+        self.recorder.phase("pre_run")
+        self.run_steps("pre_run", fatal=True)
+
+    def _origin(self, lineage_key: str) -> tuple[Path, str]:
+        """Where a relative path of this config field resolves: the task's YAML folder, or
+        the experiment's when an experiment, variant or override layer set it."""
+        layer = self.trial.lineage.get(lineage_key, "task")
+        if layer in ("experiment", "variant", "override") and self.experiment_bundle_dir is not None:
+            return self.experiment_bundle_dir, self.experiment_yaml_dir
+        return self.task_bundle_dir, self.task_yaml_dir
+
+    def run_steps(self, name: str, *, fatal: bool) -> None:
+        for index, step in enumerate(self.config.get(name) or []):
+            result = self.run_command(step["command"], float(step.get("timeout", 30)))
+            self.recorder.add(
+                TrialEvent.Kind.OUTPUT,
+                {
+                    "step": f"{name}[{index}]",
+                    "command": step["command"],
+                    "exit_code": result.exit_code,
+                    "stdout": result.stdout[-4000:],
+                    "stderr": result.stderr[-4000:],
+                    "timed_out": result.timed_out,
+                },
+            )
+            failed = result.timed_out or result.exit_code != 0
+            if failed and fatal and step.get("fail_on_error", True):
+                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+                raise TrialAborted(name, f"{name}[{index}] `{step['command']}` {why}: {result.stderr[-500:]}")
+
+    def run_command(self, command: str, timeout: float) -> criteria.CommandOutcome:
+        """A shell command in the workspace under process control (pre_run, post_run, criteria)."""
+        limits = sandbox.Limits(
+            wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
+            **COMMAND_LIMITS,
+        )  # fmt: skip
+        result = sandbox.run_process(
+            command,
+            cwd=self.paths.workspace,
+            env=self._env(extra=self._reference_env()),
+            limits=limits,
+            should_stop=self.heartbeat.stop_reason,
+        )
+        exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
+        return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
+
+    def run_agent(self) -> Outcome:
+        kind_name = self._agent_kind()
+        try:
+            kind = agents.get_agent(kind_name)
+        except (agents.UnknownAgentKind, agents.AgentSetupError) as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        try:
+            agent_config = self._agent_config()
+        except TrialAborted as exc:
+            return Outcome(Trial.Status.ERROR, exc.category, str(exc))
+        if refused := _refused_secrets(agent_config.get("secrets") or []):
+            return refused
+        try:
+            invocation = kind.prepare(
+                self.trial.prompt, self.paths.workspace, self.paths.home, agent_config, dict(os.environ)
+            )
+        except agents.AgentSetupError as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        if refused := _refused_secrets(invocation.secrets_needed):
+            return refused
+        secrets = {name: os.environ[name] for name in invocation.secrets_needed if os.environ.get(name)}
+        self.secret_values += list(secrets.values())
+        agent_base.write_files(invocation)
+        self._give_workspace_to_sandbox()
+        parser = kind.parser()
+        run_limits = self.config.get("run_limits") or {}
+        state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
+
+        def on_line(line: str) -> None:
+            # A hostile agent may print gigabytes: past this much, lines are not parsed (the
+            # process still runs, bounded by its wall clock; its stored output is capped).
+            state["parsed"] += len(line)
+            if state["parsed"] > MAX_PARSED_BYTES:
+                if not state["parse_stopped"]:
+                    state["parse_stopped"] = True
+                    self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"})
+                return
+            for event in parser.feed_line(line):
+                self.recorder.add(event.kind, event.data)
+            if state["limit"] is None:
+                state["limit"] = agent_base.budget_exceeded(parser.usage, run_limits)
+
+        def should_stop() -> str | None:
+            return self.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
+
+        result = None
+        if invocation.argv is not None:
+            result = sandbox.run_process(
+                invocation.argv,
+                cwd=self.paths.workspace,
+                env=self._env(secrets=secrets, extra=invocation.env_extra),
+                limits=self._agent_limits(),
+                stdin=invocation.stdin,
+                on_stdout_line=on_line,
+                should_stop=should_stop,
+            )
+        self.agent_process_seconds = result.duration_seconds if result else 0.0
+        outcome = kind.finish(result, parser, limit_hit=state["limit"])
+        for event_kind, data in (("usage", outcome.usage.as_dict()),):
+            self.recorder.add(event_kind, data)
+        return self._agent_outcome(outcome, result)
+
+    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:
+        self.agent = agent
+        cap = settings.AGENT_OUTPUT_CAP_BYTES
+        outcome = Outcome(
+            Trial.Status.RUNNING,
+            usage=agent.usage,
+            exit_code=agent.exit_code,
+            stdout=_redact(result.stdout[:cap], self.secret_values) if result else "",
+            stderr=_redact(result.stderr[:cap], self.secret_values) if result else "",
+        )
+        if agent.status == agent_base.CANCELLED or (result and result.stop_reason == "lease_lost"):
+            lost = result is not None and result.stop_reason == "lease_lost"
+            stopped = self._stopped("lease_lost" if lost else "cancelled")
+            outcome.status = stopped.status
+            outcome.error_category, outcome.error_message = stopped.error_category, stopped.error_message
+            return outcome
+        if agent.status == agent_base.ERROR:
+            outcome.status = Trial.Status.ERROR
+            outcome.error_category = agent.error_category or "agent_error"
+            outcome.error_message = _redact(agent.error or "the agent failed", self.secret_values)
+        elif agent.status == agent_base.LIMIT:
+            outcome.timed_out = agent.limit == "timeout"
+            outcome.budget_exceeded = "" if agent.limit == "timeout" else (agent.limit or "")
+        return outcome
+
+    def grade(self, outcome: Outcome) -> None:
+        agent = self.agent
+        tool_calls = [
+            {**call, "is_error": call.get("status") == "error"} if "status" in call else call
+            for call in agent.tool_calls
+        ]
+        context = criteria.GradingContext(
+            workspace=self.paths.workspace,
+            tool_calls=tool_calls,
+            final_text=agent.final_text,
+            run_command=self.run_command,
+            dataset_row=self.trial.dataset_row,
+            env=dict(os.environ),
+            task_dir=self.task_bundle_dir / self.task_yaml_dir,
+            reference_dir=self._reference_dir(),
+        )
+        result = criteria.grade(self.config.get("success_criteria") or [], context)
+        outcome.criteria = result.criteria
+        outcome.score = result.score
+        if result.error:
+            outcome.status = Trial.Status.ERROR
+            outcome.error_category = "grader"
+            outcome.error_message = result.error
+        else:
+            outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _agent_kind(self) -> str:
+        return (self.config.get("agent") or {}).get("type") or "claude-code"
+
+    def _agent_config(self) -> dict:
+        config = dict(self.config.get("agent") or {})
+        row = f"/{self.trial.dataset_row_id}" if self.trial.dataset_row_id else ""
+        config["task_id"] = self.trial.task_version.task.slug + row
+        reference = self._reference_dir()
+        if reference is not None:
+            config["reference_path"] = str(reference)
+        max_turns = (self.config.get("run_limits") or {}).get("max_turns")
+        if max_turns and "max_turns" not in config:
+            config["max_turns"] = max_turns
+        if config.get("script"):
+            bundle_dir, yaml_dir = self._origin("agent.script")
+            script = (bundle_dir / yaml_dir / config["script"]).resolve()
+            if not script.is_relative_to(bundle_dir.resolve()) or not script.is_file():
+                raise TrialAborted("setup", f"agent.script {config['script']!r} is not a file in the bundle")
+            command = config.get("command")
+            if isinstance(command, list):
+                config["command"] = [part.replace("{script}", str(script)) for part in command]
+            elif isinstance(command, str):
+                config["command"] = command.replace("{script}", str(script))
+        return config
+
+    def _agent_limits(self) -> sandbox.Limits:
+        run_limits = self.config.get("run_limits") or {}
+        box = (self.config.get("sandbox") or {}).get("limits") or {}
+        wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
+        if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
+            wall = min(wall, float(box["timeout"]))
+        memory = box.get("max_memory_mb")
+        return sandbox.Limits(
+            wall_seconds=wall,
+            cpu_seconds=int(wall * 4),
+            address_space_bytes=memory << 20 if memory else None,  # CLIs reserve huge virtual memory
+            max_processes=box.get("max_pids") or 512,
+            max_file_bytes=1 << 30,
+            stdout_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES * 4,
+            stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
+        )
+
+    def _reference_dir(self) -> Path | None:
+        reference = self.config.get("reference") or {}
+        directory = reference.get("directory") if isinstance(reference, dict) else None
+        if not directory:
+            return None
+        bundle_dir, yaml_dir = self._origin("reference.directory")
+        folder = (bundle_dir / yaml_dir / directory).resolve()
+        if not folder.is_relative_to(bundle_dir.resolve()):
+            # An override could name any folder of the worker; the oracle would copy it in.
+            raise TrialAborted("setup", f"reference.directory {directory!r} leaves the task's bundle")
+        return folder
+
+    def _reference_env(self) -> dict[str, str]:
+        reference = self._reference_dir()
+        return {"REFERENCE_DIR": str(reference)} if reference else {}
+
+    def _ignore_patterns(self) -> list[str]:
+        return list((self.config.get("sandbox") or {}).get("ignore_patterns") or [])
+
+    def _env(
+        self, secrets: dict[str, str] | None = None, extra: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        return sandbox.build_env(
+            home=self.paths.home,
+            tmpdir=self.paths.tmp,
+            allowlist=sandbox.DEFAULT_ENV_ALLOWLIST,
+            secrets=secrets or {},
+            extra={"EVALSITE_TRIAL_ID": str(self.trial.pk), **(extra or {})},
+        )
+
+    def _give_workspace_to_sandbox(self) -> None:
+        """Files the worker wrote (oracle copies, prompt files) must belong to the sandbox uid."""
+        if self.paths.uid is None:
+            return
+        for folder in (self.paths.workspace, self.paths.home):
+            workspace.chown_tree(folder, self.paths.uid, self.paths.uid)
+
+    def _save_artifact(self) -> str:
+        data = workspace.make_artifact_tarball(self.paths.workspace, self._ignore_patterns())
+        name = f"artifacts/run-{self.trial.run_id}/trial-{self.trial.pk}-attempt-{self.trial.attempt}.tar.gz"
+        return default_storage.save(name, ContentFile(data))
+
+    def cleanup(self) -> None:
+        if self.root is not None and self.root.exists():
+            try:
+                workspace.cleanup(self.root)
+            except Exception:
+                logger.exception("could not remove sandbox %s", self.root)
+                shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+
+    def stop_heartbeat(self) -> None:
+        self.heartbeat.stopping.set()
+        if self.heartbeat.is_alive():
+            self.heartbeat.join(timeout=5)
+        self.cleanup()
+
+    def persist(self, outcome: Outcome) -> bool:
+        """Write the trial's outcome in one transaction, only while it is still ours."""
+        close_old_connections()
+        usage = outcome.usage
+        fields = {
+            "status": outcome.status,
+            "score": outcome.score,
+            "finished_at": timezone.now(),
+            "lease_expires_at": None,
+            "setup_seconds": outcome.timings.get("setup"),
+            "agent_seconds": outcome.timings.get("agent"),
+            "grading_seconds": outcome.timings.get("grading"),
+            "duration_seconds": outcome.timings.get("total"),
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cache_read_tokens": usage.cache_read_tokens,
+            "cache_creation_tokens": usage.cache_creation_tokens,
+            "cost_usd": usage.cost_usd or 0.0,
+            "turns": usage.turns,
+            "error_category": outcome.error_category,
+            "error_message": _redact(outcome.error_message, self.secret_values),
+            "timed_out": outcome.timed_out,
+            "budget_exceeded": outcome.budget_exceeded,
+            "agent_exit_code": outcome.exit_code,
+            "agent_stdout": outcome.stdout,
+            "agent_stderr": outcome.stderr,
+            "diff": _redact(outcome.diff, self.secret_values),
+            "diff_truncated": outcome.diff_truncated,
+            "artifact": outcome.artifact,
+        }
+        with transaction.atomic():
+            stored = Trial.objects.filter(
+                pk=self.trial.pk, status=Trial.Status.RUNNING, lease_owner=self.worker
+            ).update(**fields)
+            if stored != 1:
+                logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
+                return False
+            self.recorder.flush()  # the last events land with the outcome, or not at all
+            CriterionResult.objects.bulk_create(
+                [
+                    CriterionResult(
+                        trial_id=self.trial.pk, index=c.index, type=c.type, description=c.description,
+                        score=c.score, passed=c.passed, weight=c.weight, pass_threshold=c.pass_threshold,
+                        gating=c.gating, details=_redact(c.details, self.secret_values), error=c.error or "",
+                    )
+                    for c in outcome.criteria
+                ]
+            )  # fmt: skip
+        if self.recorder.dropped:
+            logger.info(
+                "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
+            )
+        return True
+
+
+def _refused_secrets(names: list[str]) -> Outcome | None:
+    """A variant (or a launch override) names the variables it wants; only those the worker's
+    operator declared as agent secrets may leave the worker's environment."""
+    refused = sorted({str(name) for name in names} - set(settings.AGENT_SECRET_NAMES))
+    if not refused:
+        return None
+    return Outcome(
+        Trial.Status.ERROR,
+        "setup",
+        f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
+        "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
+    )
+
+
+_BUNDLES: dict[str, bytes] = {}
+
+
+def _bundle_data(digest: str) -> bytes:
+    """A bundle's blob, kept per worker process: bundles are content-addressed, so immutable."""
+    if digest not in _BUNDLES:
+        if len(_BUNDLES) >= 16:
+            _BUNDLES.pop(next(iter(_BUNDLES)))
+        _BUNDLES[digest] = bytes(Bundle.objects.values_list("data", flat=True).get(pk=digest))
+    return _BUNDLES[digest]
+
+
+def _redact(value: Any, secrets: list[str]) -> Any:
+    """What an agent wrote, made safe to store: secret values replaced (they never reach the
+    database: not in events, output or criterion details) and NUL characters, which PostgreSQL
+    text cannot hold, replaced by U+FFFD."""
+    if isinstance(value, str):
+        value = value.replace("\x00", "\ufffd")
+        return sandbox.redact(value, secrets) if secrets else value
+    if isinstance(value, dict):
+        return {_redact(key, secrets): _redact(item, secrets) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(item, secrets) for item in value]
+    return value

@@ -1,0 +1,512 @@
+"""Process control for every command an agent, a criterion or a setup step runs.
+
+`run_process` starts one command in its own session and process group, with resource limits,
+capped output, live stdout lines, a wall-clock timeout and a cooperative stop, and makes sure
+that nothing it started is still running when it returns.
+
+How it finds what a command left running (a pids cgroup, a leased sandbox uid, or the session
+and an environment token), and which uid a command runs as on a root worker, is
+`runs_app.engine.containment`; its public names are importable from here too.
+
+Pure Python, Linux only, no Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import resource
+import secrets as secrets_module
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from runs_app.engine.containment import (
+    Cgroup,
+    Containment,
+    SandboxError,
+    child_identity,
+    is_leased,
+    kill_uid_processes,
+    lease_sandbox_uid,
+    release_sandbox_uid,
+    tasks_of_uid,
+)
+
+__all__ = [
+    "DEFAULT_ENV_ALLOWLIST",
+    "SANDBOX_ID_VAR",
+    "Limits",
+    "ProcessResult",
+    "SandboxError",
+    "build_env",
+    "is_leased",
+    "kill_uid_processes",
+    "lease_sandbox_uid",
+    "redact",
+    "release_sandbox_uid",
+    "resolve_secrets",
+    "run_process",
+]
+
+DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    # Corporate networks: agents must reach their model API through the same proxy and CAs.
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+)
+SANDBOX_ID_VAR = "EVALSITE_SANDBOX_ID"
+_READ_CHUNK = 1 << 16
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class Limits:
+    """Resource limits of one command. None means "no cap" for the optional ones.
+
+    `max_processes` counts threads too (both `RLIMIT_NPROC` and `pids.max` do): a Node or Go
+    CLI needs a few hundred. `address_space_bytes` must stay None (or very large) for agent
+    CLIs: V8, Go and Rust runtimes reserve tens of GB of virtual memory up front.
+    """
+
+    wall_seconds: float = 600.0
+    cpu_seconds: int | None = None
+    address_space_bytes: int | None = None
+    max_processes: int | None = 512
+    max_file_bytes: int | None = None
+    stdout_cap_bytes: int = 1 << 20
+    stderr_cap_bytes: int = 256 << 10
+    kill_grace_seconds: float = 2.0
+
+
+@dataclass
+class ProcessResult:
+    """How a command ended. `exit_code` is None when a signal ended it (`signal` says which).
+
+    `timed_out`: the wall clock ran out. `cancelled`: `should_stop` returned a reason (kept in
+    `stop_reason`, e.g. "cancelled" or "budget"). `killed`: the main process outlived SIGTERM
+    by the grace period and got SIGKILL. `leftovers_killed`: processes still running after the
+    main one ended, killed by the harness.
+    """
+
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    cancelled: bool
+    killed: bool
+    duration_seconds: float
+    stop_reason: str | None = None
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    leftovers_killed: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment and secrets
+
+
+def build_env(
+    *,
+    home: Path,
+    tmpdir: Path,
+    allowlist: Iterable[str],
+    secrets: Mapping[str, str],
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """A scrubbed environment: allowlisted worker variables, sandbox HOME/TMPDIR, secrets, extra.
+
+    Nothing else from the worker's environment leaks in (its API keys in particular: only the
+    secrets a variant names are passed).
+    """
+    env = {name: os.environ[name] for name in allowlist if name in os.environ}
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+    env.update(secrets)
+    env.update(extra)
+    return env
+
+
+def resolve_secrets(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Values of the named secrets from the worker's environment; raises naming what to set."""
+    environ = os.environ if environ is None else environ
+    names = list(names)
+    missing = [name for name in names if not environ.get(name)]
+    if missing:
+        raise SandboxError(
+            f"secret(s) {', '.join(missing)} not set in the worker's environment: "
+            "export them where the worker starts (they are never stored in the database)"
+        )
+    return {name: environ[name] for name in names}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every non-empty secret value replaced by `***` (longest first)."""
+    for value in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one process
+
+
+class _Capture:
+    """Keeps the first `cap` bytes of a stream, counts the rest, and splits lines for a callback.
+
+    Memory stays bounded by `cap` plus one line of at most `max_line` bytes (longer lines are cut)
+    however much the process writes.
+    """
+
+    def __init__(self, cap: int, on_line: Callable[[str], None] | None, max_line: int) -> None:
+        self.kept = bytearray()
+        self.total = 0
+        self.cap = cap
+        self.on_line = on_line
+        self.max_line = max_line
+        self.partial = bytearray()
+        self.error: BaseException | None = None
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+        if self.on_line is not None:
+            *complete, rest = data.split(b"\n")
+            for piece in complete:
+                self._append(piece)
+                self._emit()
+            self._append(rest)
+
+    def finish(self) -> None:
+        if self.on_line is not None and self.partial:
+            self._emit()
+
+    def _append(self, piece: bytes) -> None:
+        room = self.max_line - len(self.partial)
+        if room > 0:
+            self.partial += piece[:room]
+
+    def _emit(self) -> None:
+        line = self.partial.decode("utf-8", "replace")
+        self.partial.clear()
+        try:
+            self.on_line(line)
+        except BaseException as exc:  # re-raised by run_process once the process is dead
+            self.error = exc
+            self.on_line = None
+
+    def text(self) -> str:
+        return self.kept.decode("utf-8", "replace")
+
+
+def _rlimits(limits: Limits, nproc: int | None) -> list[tuple[int, int, int]]:
+    caps = [(resource.RLIMIT_CORE, 0, 0)]
+    if limits.cpu_seconds is not None:
+        # SIGXCPU at the soft limit lets the process report; SIGKILL one second later.
+        caps.append((resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + 1))
+    if limits.address_space_bytes is not None:
+        caps.append((resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes))
+    if nproc is not None:
+        caps.append((resource.RLIMIT_NPROC, nproc, nproc))
+    if limits.max_file_bytes is not None:
+        caps.append((resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes))
+    return caps
+
+
+def _nproc_limit(limits: Limits, identity: tuple[int, int] | None) -> int | None:
+    """RLIMIT_NPROC counts every thread of the *user*, zombies included, not of the tree.
+
+    So the cap is set above what the uid holds already: zombies of a previous command not yet
+    reaped by init (a leased uid holds nothing else), or the other processes of a shared uid.
+    """
+    if limits.max_processes is None:
+        return None
+    uid = identity[0] if identity else os.getuid()
+    return tasks_of_uid(uid) + limits.max_processes
+
+
+def _make_preexec(
+    identity: tuple[int, int] | None, caps: list[tuple[int, int, int]], cgroup_fd: int | None
+) -> Callable[[], None]:
+    """Runs in the child between fork and exec: no imports, no locks, only system calls."""
+    setrlimit, prctl = resource.setrlimit, _LIBC.prctl
+
+    def preexec() -> None:
+        if cgroup_fd is not None:
+            os.write(cgroup_fd, b"0")  # "0" = the writing process; must happen while still root
+        if identity is not None:
+            os.setgroups([])
+            os.setresgid(identity[1], identity[1], identity[1])
+            os.setresuid(identity[0], identity[0], identity[0])
+        # If the worker dies (SIGKILL), the kernel kills the command instead of orphaning it.
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for which, soft, hard in caps:
+            setrlimit(which, (soft, hard))
+
+    return preexec
+
+
+def run_process(
+    argv: list[str] | str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    limits: Limits,
+    stdin: bytes | None = None,
+    on_stdout_line: Callable[[str], None] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    poll_interval: float = 0.25,
+    user: int | None = None,
+    use_cgroup: bool | None = None,
+    max_line_bytes: int = 8 << 20,
+) -> ProcessResult:
+    """Run one command under the sandbox's control and return how it ended.
+
+    A str `argv` runs through `/bin/sh -c`. stdin is /dev/null unless bytes are given (some CLIs
+    wait forever on an open stdin). Every stdout line (cut at `max_line_bytes`) goes to
+    `on_stdout_line` as it arrives, even past the stored cap; the callback runs on this thread.
+    `should_stop` is polled every `poll_interval` seconds; a non-None reason stops the command
+    like the wall timeout does: SIGTERM to its group, SIGKILL after `limits.kill_grace_seconds`.
+    When the main process has ended, everything it left running is killed.
+
+    `user` forces the sandbox uid (root workers); `use_cgroup` False skips the pids cgroup,
+    True requires one. An exception raised by `on_stdout_line` or `should_stop` stops the command
+    and is re-raised once everything is dead.
+    """
+    args = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
+    identity = child_identity(cwd, user)
+    exclusive = identity is not None and is_leased(identity[0])
+    cgroup = None
+    if use_cgroup is not False:
+        cgroup = Cgroup.create(limits.max_processes)
+        if cgroup is None and use_cgroup:
+            raise SandboxError("use_cgroup=True but this worker cannot create a pids cgroup")
+    token = secrets_module.token_hex(8)
+    containment = Containment(cgroup, identity[0] if exclusive and cgroup is None else None, token)
+    cgroup_fd = None
+    try:
+        cgroup_fd = cgroup.open_procs() if cgroup is not None else None
+        preexec = _make_preexec(identity, _rlimits(limits, _nproc_limit(limits, identity)), cgroup_fd)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env={**env, SANDBOX_ID_VAR: token},
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+    except BaseException:
+        containment.close()
+        raise
+    finally:
+        if cgroup_fd is not None:
+            os.close(cgroup_fd)
+    containment.leader = proc.pid
+    supervisor = _Supervisor(
+        proc, containment, limits, stdin, on_stdout_line, should_stop, poll_interval, max_line_bytes
+    )
+    try:
+        supervisor.run()
+    finally:
+        supervisor.shutdown()
+    duration = time.monotonic() - started
+    for error in (supervisor.stop_error, supervisor.out.error):
+        if error is not None:
+            raise error
+    return supervisor.result(duration)
+
+
+class _Supervisor:
+    """The event loop of one `run_process` call: pipes, exit, deadline, stop requests."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        containment: Containment,
+        limits: Limits,
+        stdin: bytes | None,
+        on_stdout_line: Callable[[str], None] | None,
+        should_stop: Callable[[], str | None] | None,
+        poll_interval: float,
+        max_line: int,
+    ) -> None:
+        self.proc = proc
+        self.containment = containment
+        self.limits = limits
+        self.should_stop = should_stop
+        self.poll_interval = poll_interval
+        self.out = _Capture(limits.stdout_cap_bytes, on_stdout_line, max_line)
+        self.err = _Capture(limits.stderr_cap_bytes, None, max_line)
+        self.pending_stdin = memoryview(stdin or b"")
+        self.deadline = time.monotonic() + limits.wall_seconds
+        self.next_poll = time.monotonic() + poll_interval
+        self.term_sent_at: float | None = None
+        self.timed_out = False
+        self.killed = False
+        self.stop_reason: str | None = None
+        self.stop_error: BaseException | None = None
+        self.leftovers = 0
+        self.swept = False
+        self.selector = selectors.DefaultSelector()
+        self.pidfd: int | None = None
+
+    def run(self) -> None:
+        for stream, capture in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            _grow_pipe(stream.fileno())
+            self.selector.register(stream.fileno(), selectors.EVENT_READ, capture)
+        if self.proc.stdin is not None:
+            os.set_blocking(self.proc.stdin.fileno(), False)
+            self.selector.register(self.proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+        with contextlib.suppress(OSError, AttributeError):
+            self.pidfd = os.pidfd_open(self.proc.pid)  # wakes the loop the moment the child exits
+            self.selector.register(self.pidfd, selectors.EVENT_READ, "exit")
+        drain_deadline = None
+        while True:
+            now = time.monotonic()
+            if self.proc.poll() is None:
+                self._enforce(now)
+            elif drain_deadline is None:
+                # The main process is gone: kill what it left so the pipes reach end of file.
+                self.leftovers = self.containment.kill_all()
+                self.swept = True
+                drain_deadline = now + 2.0
+            if drain_deadline is not None and (not self._has_pipes() or now > drain_deadline):
+                return
+            self._pump(self._wait_time(now, drain_deadline))
+
+    def _enforce(self, now: float) -> None:
+        if self.term_sent_at is not None:
+            if now >= self.term_sent_at + self.limits.kill_grace_seconds and not self.killed:
+                self.killed = True
+                self.containment.kill_all()
+            return
+        if now >= self.deadline:
+            self.timed_out = True
+            self._terminate(now)
+        elif self.out.error is not None:
+            self.stop_reason = "callback error"
+            self._terminate(now)
+        elif self.should_stop is not None and now >= self.next_poll:
+            self.next_poll = now + self.poll_interval
+            try:
+                reason = self.should_stop()
+            except BaseException as exc:
+                self.stop_error, reason = exc, "should_stop error"
+            if reason is not None:
+                self.stop_reason = reason
+                self._terminate(now)
+
+    def _terminate(self, now: float) -> None:
+        self.term_sent_at = now
+        self.containment.signal_group(signal.SIGTERM)
+
+    def _wait_time(self, now: float, drain_deadline: float | None) -> float:
+        # Only moments still ahead: a passed deadline would turn the loop into a busy spin.
+        moments = [now + self.poll_interval]
+        if self.term_sent_at is None:
+            moments.append(self.deadline)
+            if self.should_stop is not None:
+                moments.append(self.next_poll)
+        elif not self.killed:
+            moments.append(self.term_sent_at + self.limits.kill_grace_seconds)
+        if drain_deadline is not None:
+            moments.append(drain_deadline)
+        return max(0.0, min(moments) - now)
+
+    def _has_pipes(self) -> bool:
+        return any(key.data not in ("exit", "stdin") for key in self.selector.get_map().values())
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            if key.data == "exit":
+                self.selector.unregister(key.fd)
+            elif key.data == "stdin":
+                self._write_stdin(key.fd)
+            else:
+                data = os.read(key.fd, _READ_CHUNK)
+                if data:
+                    key.data.feed(data)
+                else:
+                    self.selector.unregister(key.fd)
+
+    def _write_stdin(self, fd: int) -> None:
+        try:
+            written = os.write(fd, self.pending_stdin[:_READ_CHUNK])
+            self.pending_stdin = self.pending_stdin[written:]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            self.pending_stdin = self.pending_stdin[:0]
+        if not self.pending_stdin:
+            self.selector.unregister(fd)
+            self.proc.stdin.close()
+
+    def shutdown(self) -> None:
+        """Whatever happened (including an exception in the loop), leave nothing running."""
+        if self.proc.poll() is None:
+            self.killed = True
+            self.containment.kill_all()
+            self.proc.wait()
+        if not self.swept:
+            self.leftovers += self.containment.kill_all()
+        self.leftovers += self.containment.close()
+        self.selector.close()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.out.finish()
+
+    def result(self, duration: float) -> ProcessResult:
+        code = self.proc.returncode
+        return ProcessResult(
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            stdout=self.out.text(),
+            stderr=self.err.text(),
+            stdout_truncated=self.out.total > self.out.cap,
+            stderr_truncated=self.err.total > self.err.cap,
+            timed_out=self.timed_out,
+            cancelled=self.stop_reason is not None and not self.timed_out,
+            killed=self.killed,
+            duration_seconds=duration,
+            stop_reason=self.stop_reason,
+            stdout_total_bytes=self.out.total,
+            stderr_total_bytes=self.err.total,
+            leftovers_killed=self.leftovers,
+        )
+
+
+def _grow_pipe(fd: int) -> None:
+    """Larger pipe buffers mean fewer wake-ups when a process writes a lot."""
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)

@@ -1,0 +1,412 @@
+"""A trial's folders: layout, materialisation of template sources, snapshots, diff, artifacts.
+
+Follows coder-eval's `sandbox.template_sources`: `template_dir` {path} copies a folder given
+relative to the task YAML's folder, `starter_files` {files: [{path, content}]} writes inline
+files, `repo` {url, commit} clones a git repository into `repo/` (coder-eval's place for it) and
+checks out the commit. Sources apply in order; later ones overwrite earlier files. Template copies
+and snapshots skip coder-eval's default ignore patterns (`.git`, `__pycache__`, `node_modules`...).
+
+On a root worker the trial's folders belong to a uid leased for the trial (see `sandbox`), and
+everything materialised into the workspace is handed to that uid, so the agent can edit it.
+
+Pure Python, no Django.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from runs_app.engine import sandbox
+
+REPO_DIRNAME = "repo"
+DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
+    ".venv",
+    "venv",
+    "ENV",
+    "env",
+    "virtualenv",
+    ".git",
+    ".svn",
+    ".hg",
+    "__pycache__",
+    "*.pyc",
+    "*.pyo",
+    "*.pyd",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+    ".eggs",
+    "dist",
+    "build",
+    ".vscode",
+    ".idea",
+    "*.swp",
+    "*.swo",
+    "*~",
+    ".DS_Store",
+    "Thumbs.db",
+    "node_modules",
+    ".npm",
+    "bower_components",
+    ".coverage",
+    "htmlcov",
+    ".tox",
+    ".nox",
+    "*.so",
+    "*.dylib",
+    "*.dll",
+)
+
+
+class WorkspaceError(ValueError):
+    """A template source cannot be applied; the message names the source and the field."""
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    root: Path
+    workspace: Path
+    home: Path
+    tmp: Path
+    uid: int | None  # the uid leased to this trial (root workers), else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout and cleanup
+
+
+def layout(trial_root: Path) -> SandboxPaths:
+    """Create `workspace/`, `home/` and `tmp/` under a fresh (absent or empty) trial folder.
+
+    On a root worker, a uid is leased for the trial and owns the three folders; every parent of
+    `trial_root` must be searchable by others (mode o+x) so that uid can reach them.
+    """
+    trial_root = trial_root.absolute()
+    trial_root.mkdir(parents=True, exist_ok=True)
+    if any(trial_root.iterdir()):
+        raise WorkspaceError(f"{trial_root} is not empty: each trial needs a fresh folder")
+    uid = None
+    if os.geteuid() == 0:
+        _check_searchable(trial_root)
+        uid = sandbox.lease_sandbox_uid()
+    try:
+        os.chmod(trial_root, 0o711)
+        paths = SandboxPaths(
+            trial_root, trial_root / "workspace", trial_root / "home", trial_root / "tmp", uid
+        )
+        for folder in (paths.workspace, paths.home, paths.tmp):
+            folder.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(folder, uid, uid)
+    except BaseException:
+        if uid is not None:
+            sandbox.release_sandbox_uid(uid)
+        raise
+    return paths
+
+
+def _check_searchable(trial_root: Path) -> None:
+    for folder in trial_root.parents:
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            raise WorkspaceError(
+                f"{folder} is not searchable by other users (mode o+x), so the sandbox uid cannot "
+                f"reach {trial_root}: `chmod o+x {folder}` or put trials under another folder"
+            )
+
+
+def cleanup(trial_root: Path) -> None:
+    """Kill what still runs as the trial's uid, give the uid back, and delete the folder.
+
+    Copes with read-only files and folders (an agent may chmod them) and with files owned by the
+    sandbox uid.
+    """
+    workspace = trial_root / "workspace"
+    if workspace.exists() and os.geteuid() == 0:
+        sandbox.release_sandbox_uid(workspace.lstat().st_uid)
+    if not trial_root.exists():
+        return
+    try:
+        shutil.rmtree(trial_root)
+    except OSError:
+        _make_folders_writable(trial_root)
+        shutil.rmtree(trial_root)
+
+
+def _make_folders_writable(root: Path) -> None:
+    """chmod u+rwx every real folder (never through a symlink), parents before children."""
+    os.chmod(root, stat.S_IRWXU)
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), stat.S_IRWXU)
+
+
+# ---------------------------------------------------------------------------------------------
+# Materialisation
+
+
+def materialize(
+    workspace: Path,
+    template_sources: list[dict],
+    bundle_dir: Path,
+    yaml_dir: str,
+    *,
+    ignore_patterns: Iterable[str] = (),
+    git_timeout: float = 120.0,
+    first_index: int = 0,
+) -> None:
+    """Apply `template_sources` to `workspace`, in order (later sources overwrite earlier files).
+
+    `template_dir` paths are relative to `bundle_dir / yaml_dir` (the task YAML's folder) and
+    must stay inside `bundle_dir`; written paths must stay inside the workspace, also through
+    symlinks an earlier source created. `first_index` numbers the sources in error messages when
+    a caller applies them one at a time.
+    """
+    patterns = (*DEFAULT_IGNORE_PATTERNS, *ignore_patterns)
+    for index, source in enumerate(template_sources, start=first_index):
+        where = f"sandbox.template_sources[{index}]"
+        kind = source.get("type")
+        if kind == "template_dir":
+            _copy_template(workspace, source, bundle_dir, yaml_dir, patterns, where)
+        elif kind == "starter_files":
+            _write_starter_files(workspace, source, where)
+        elif kind == "repo":
+            _clone_repo(workspace, source, git_timeout, where)
+        else:
+            raise WorkspaceError(f"{where}.type: {kind!r} is not one of template_dir, starter_files, repo")
+    owner = workspace.stat()
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        chown_tree(workspace, owner.st_uid, owner.st_gid)
+
+
+def _required(source: dict, field: str, where: str) -> object:
+    if not source.get(field):
+        raise WorkspaceError(f"{where}.{field} is required")
+    return source[field]
+
+
+def _destination(workspace: Path, relative: str, where: str) -> Path:
+    """`workspace / relative`, refusing absolute paths, `..` and symlinks that lead outside."""
+    pure = Path(relative)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+        raise WorkspaceError(f"{where}: path {relative!r} must be relative and stay inside the workspace")
+    dest = workspace / pure
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not dest.parent.resolve().is_relative_to(workspace.resolve()):
+        raise WorkspaceError(f"{where}: path {relative!r} leads outside the workspace through a symlink")
+    if dest.is_symlink():
+        dest.unlink()  # overwrite the link itself, never the file it points to
+    return dest
+
+
+def _copy_template(
+    workspace: Path, source: dict, bundle_dir: Path, yaml_dir: str, patterns: tuple[str, ...], where: str
+) -> None:
+    relative = str(_required(source, "path", where))
+    bundle = bundle_dir.resolve()
+    folder = (bundle / yaml_dir / relative).resolve()
+    if not folder.is_relative_to(bundle):
+        raise WorkspaceError(f"{where}.path: {relative!r} leads outside the task bundle")
+    if not folder.is_dir():
+        raise WorkspaceError(f"{where}.path: {relative!r} is not a folder next to the task YAML")
+    for dirpath, dirnames, filenames in os.walk(folder):
+        base = Path(dirpath).relative_to(folder)
+        dirnames[:] = sorted(d for d in dirnames if not _ignored(base / d, patterns))
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in dirnames:
+            dest = _destination(workspace, str(base / name), where)
+            if name in links:
+                _copy_entry(Path(dirpath) / name, dest, base / name, where)
+            elif not dest.is_dir():
+                if dest.exists():
+                    raise WorkspaceError(
+                        f"{where}: {base / name} is a folder here but a file in the workspace"
+                    )
+                dest.mkdir()  # empty folders are part of the template too
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in sorted(filenames):
+            if not _ignored(base / name, patterns):
+                dest = _destination(workspace, str(base / name), where)
+                _copy_entry(Path(dirpath) / name, dest, base / name, where)
+
+
+def _copy_entry(src: Path, dest: Path, relative: Path, where: str) -> None:
+    """Copy a file, or a symlink as a symlink (following it would copy host files in)."""
+    if dest.is_dir():
+        raise WorkspaceError(f"{where}: {relative} is a file here but a folder in the workspace")
+    shutil.copy2(src, dest, follow_symlinks=False)
+
+
+def _write_starter_files(workspace: Path, source: dict, where: str) -> None:
+    files = _required(source, "files", where)
+    if not isinstance(files, list):
+        raise WorkspaceError(f"{where}.files must be a list of {{path, content}}")
+    for number, entry in enumerate(files):
+        if not isinstance(entry, dict):
+            raise WorkspaceError(f"{where}.files[{number}] must be a mapping with path and content")
+        path = _required(entry, "path", f"{where}.files[{number}]")
+        dest = _destination(workspace, str(path), f"{where}.files[{number}]")
+        dest.write_text(str(entry.get("content", "")), encoding="utf-8")
+
+
+def _clone_repo(workspace: Path, source: dict, timeout: float, where: str) -> None:
+    url = str(_required(source, "url", where))
+    target = workspace / REPO_DIRNAME
+    if target.exists():
+        raise WorkspaceError(f"{where}: {target.name}/ already exists (only one repo source is allowed)")
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # never wait for a password
+    commit = source.get("commit")
+    steps = [
+        ("clone", ["git", "clone", "--quiet", *(["--no-checkout"] if commit else []), "--", url, str(target)])
+    ]
+    if commit:
+        steps.append(
+            ("checkout", ["git", "-C", str(target), "checkout", "--quiet", "--detach", str(commit), "--"])
+        )
+    for verb, command in steps:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} took over {timeout:g} s") from None
+        if done.returncode != 0:
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} failed: {done.stderr.strip()}")
+
+
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def _ignored(relative: Path, patterns: Iterable[str]) -> bool:
+    """A pattern without "/" matches any path component; one with "/" the whole relative path."""
+    text = relative.as_posix()
+    for pattern in patterns:
+        if "/" in pattern:
+            if fnmatch.fnmatchcase(text, pattern.strip("/")):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pattern) for part in relative.parts):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshot, diff, artifacts
+
+
+def snapshot(
+    workspace: Path, ignore_patterns: Iterable[str] = (), max_file_bytes: int = 512 << 10
+) -> dict[str, bytes | None]:
+    """Relative path -> content of every regular file and symlink (its target) in the workspace.
+
+    Binary files (a NUL byte) and files over `max_file_bytes` map to None: present, not diffed.
+    Never follows symlinks and never opens FIFOs or devices (the agent controls this folder).
+    """
+    patterns = (*DEFAULT_IGNORE_PATTERNS, *ignore_patterns)
+    files: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        base = Path(dirpath).relative_to(workspace)
+        dirnames[:] = [d for d in dirnames if not _ignored(base / d, patterns)]
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            relative = base / name
+            if not _ignored(relative, patterns):
+                content = _read_for_diff(Path(dirpath) / name, max_file_bytes)
+                if content is not False:
+                    files[relative.as_posix()] = content
+    return files
+
+
+def _read_for_diff(path: Path, max_bytes: int) -> bytes | None | bool:
+    """File content, None if binary or too big, False if not a regular file or symlink."""
+    try:
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            return os.readlink(path).encode()
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if info.st_size > max_bytes:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            content = f.read(max_bytes + 1)
+    except OSError:
+        return False
+    return None if len(content) > max_bytes or b"\0" in content else content
+
+
+def unified_diff(
+    before: dict[str, bytes | None], after: dict[str, bytes | None], cap_bytes: int
+) -> tuple[str, bool]:
+    """A git-style unified diff from `before` to `after`, files in path order, cut at `cap_bytes`.
+
+    Returns (text, truncated). Binary or oversized files appear as one "Binary files" line when
+    added or removed; when both sides are unknown (None) no change can be shown.
+    """
+    parts = []
+    for path in sorted(before.keys() | after.keys()):
+        old, new = before.get(path, False), after.get(path, False)
+        if old == new:
+            continue
+        chunk = _file_diff(path, old, new)
+        if chunk:
+            parts.append(chunk)
+    text = "".join(parts)
+    encoded = text.encode("utf-8")
+    if len(encoded) <= cap_bytes:
+        return text, False
+    marker = f"... diff truncated ({len(encoded)} bytes, cap {cap_bytes})\n"
+    cut = encoded[: max(0, cap_bytes - len(marker))]
+    cut = cut[: cut.rfind(b"\n") + 1]  # whole lines only
+    return cut.decode("utf-8", "ignore") + marker, True
+
+
+def _file_diff(path: str, old: bytes | None | bool, new: bytes | None | bool) -> str:
+    header = f"diff --git a/{path} b/{path}\n"
+    if old is False:
+        header += "new file\n"
+    elif new is False:
+        header += "deleted file\n"
+    old_name = "/dev/null" if old is False else f"a/{path}"
+    new_name = "/dev/null" if new is False else f"b/{path}"
+    if old is None or new is None:
+        return header + f"Binary files {old_name} and {new_name} differ\n"
+    old_lines = _lines(old or b"")
+    new_lines = _lines(new or b"")
+    body = difflib.unified_diff(old_lines, new_lines, old_name, new_name)
+    return header + "".join(body)
+
+
+def _lines(content: bytes) -> list[str]:
+    lines = content.decode("utf-8", "replace").splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n\\ No newline at end of file\n"
+    return lines
+
+
+def make_artifact_tarball(workspace: Path, ignore_patterns: Iterable[str] = ()) -> bytes:
+    """The workspace as a tar.gz (entries under `workspace/`, sorted, symlinks kept as links)."""
+    patterns = tuple(ignore_patterns)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(workspace, arcname="workspace", recursive=False)
+        for dirpath, dirnames, filenames in os.walk(workspace):
+            base = Path(dirpath).relative_to(workspace)
+            dirnames[:] = sorted(d for d in dirnames if not _ignored(base / d, patterns))
+            for name in sorted(dirnames + filenames):
+                path = Path(dirpath) / name
+                if _ignored(base / name, patterns):
+                    continue
+                mode = path.lstat().st_mode
+                if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+                    tar.add(path, arcname=f"workspace/{(base / name).as_posix()}", recursive=False)
+    return buffer.getvalue()

@@ -1,0 +1,413 @@
+"""The comparison (load, compare, bootstrap), trial rows and charts on small synthetic runs,
+against hand-computed values."""
+
+import hashlib
+import math
+import random
+from itertools import count
+
+import plotly.graph_objects as go
+import pytest
+from django.urls import reverse
+
+from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
+from runs_app.analysis import bootstrap, charts, compare, exports, load, stats
+from runs_app.models import Run, Trial
+
+pytestmark = pytest.mark.django_db
+
+STATUS = {
+    "P": Trial.Status.PASSED,
+    "F": Trial.Status.FAILED,
+    "E": Trial.Status.ERROR,
+    "C": Trial.Status.CANCELLED,
+    "Q": Trial.Status.QUEUED,
+    "R": Trial.Status.RUNNING,
+}
+# Per outcome: score, duration, input tokens, output tokens, cost. Grader errors keep a score.
+DEFAULTS = {
+    "P": (1.0, 10.0, 100, 10, 0.5),
+    "F": (0.25, 10.0, 100, 10, 0.5),
+    "E": (0.9, 1.0, 100, 10, 0.5),
+}
+_serial = count()
+
+
+def make_experiment(slug: str = "exp", variants: tuple[str, ...] = ("base", "new")) -> Experiment:
+    experiment = Experiment.objects.create(slug=slug)
+    for position, name in enumerate(variants):
+        Variant.objects.create(experiment=experiment, slug=name, position=position)
+    return experiment
+
+
+def task_version(slug: str, tags: tuple[str, ...] = (), content: str = "v1") -> TaskVersion:
+    """The task's version holding `content`: a new content makes a new version (and bundle)."""
+    digest = hashlib.sha256(f"{slug}/{content}".encode()).hexdigest()
+    bundle, _ = Bundle.objects.get_or_create(digest=digest, defaults={"data": b"", "size": 0})
+    task, _ = Task.objects.get_or_create(
+        slug=slug, defaults={"tags": list(tags), "source_yaml": "", "bundle": bundle}
+    )
+    version = task.versions.filter(bundle=bundle).first()
+    if version is None:
+        number = task.versions.count() + 1
+        version = TaskVersion.objects.create(
+            task=task, number=number, spec={}, source_yaml="", yaml_path="task.yaml", bundle=bundle
+        )
+    return version
+
+
+def make_run(
+    experiment: Experiment,
+    outcomes: dict[str, dict[str, str]],
+    *,
+    tags: dict[str, tuple[str, ...]] | None = None,
+    content: dict[str, str] | None = None,
+    fingerprint: str = "fp",
+    baseline: str | None = None,
+    status: str = Run.Status.FINISHED,
+    **fields,
+) -> Run:
+    """A run whose trials have the given outcomes: {task: {variant: "PPF"}}, one letter a trial
+    (P passed, F failed, E error, C cancelled, Q queued, R running). `fields` override trial
+    fields as {field: {(task, variant, replicate): value}}."""
+    run = Run.objects.create(
+        experiment=experiment, status=status, config={"baseline": baseline} if baseline else {}
+    )
+    variants = {variant.slug: variant for variant in experiment.variants.all()}
+    for task_slug, by_variant in outcomes.items():
+        version = task_version(
+            task_slug, (tags or {}).get(task_slug, ()), (content or {}).get(task_slug, "v1")
+        )
+        for variant_slug, letters in by_variant.items():
+            for replicate, letter in enumerate(letters):
+                score, duration, tokens_in, tokens_out, cost = DEFAULTS.get(letter, (None, None, 0, 0, 0.0))
+                trial = Trial(
+                    run=run,
+                    task_version=version,
+                    variant=variants[variant_slug],
+                    replicate=replicate,
+                    status=STATUS[letter],
+                    config_fingerprint=f"{fingerprint}-{task_slug}-{variant_slug}",
+                    score=score,
+                    duration_seconds=duration,
+                    input_tokens=tokens_in,
+                    output_tokens=tokens_out,
+                    cost_usd=cost,
+                )
+                for name, values in fields.items():
+                    if (task_slug, variant_slug, replicate) in values:
+                        setattr(trial, name, values[(task_slug, variant_slug, replicate)])
+                trial.save()
+    run.refresh_counts()
+    return run
+
+
+def arm(result: compare.Comparison, key: str) -> compare.ArmSummary:
+    return next(a for a in result.arms if a.key == key)
+
+
+# --- one repeat --------------------------------------------------------------------------------
+
+ONE_REPEAT = {
+    "t1": {"base": "P", "new": "P"},
+    "t2": {"base": "P", "new": "F"},
+    "t3": {"base": "F", "new": "P"},
+    "t4": {"base": "F", "new": "P"},
+    "t5": {"base": "P", "new": "P"},
+    "t6": {"base": "E", "new": "P"},
+}
+
+
+def one_repeat_run() -> Run:
+    durations = {(f"t{i}", "base", 0): float(10 * i) for i in range(1, 6)}
+    return make_run(make_experiment(), ONE_REPEAT, baseline="base", duration_seconds=durations)
+
+
+def test_it_counts_outcomes_and_leaves_errors_out_of_the_pass_rate():
+    result = load.compare_runs([one_repeat_run()])
+    base = arm(result, "base")
+    assert (base.trials, base.passed, base.failed, base.errors) == (6, 3, 2, 1)
+    assert base.pass_rate == pytest.approx(3 / 5)
+    assert arm(result, "new").pass_rate == pytest.approx(5 / 6)
+
+
+def test_it_gives_wilson_intervals_with_one_repeat():
+    result = load.compare_runs([one_repeat_run()])
+    base, new = arm(result, "base"), arm(result, "new")
+    assert base.interval == "Wilson"
+    # Wilson 95% for 3/5 and 5/6 (statsmodels proportion_confint, method="wilson").
+    assert (base.low, base.high) == pytest.approx((0.230724, 0.882379), abs=1e-6)
+    assert (new.low, new.high) == pytest.approx((0.436497, 0.969947), abs=1e-6)
+    assert base.pass_at_k == {} and base.pass_hat_k == {}
+
+
+def test_it_compares_with_mcnemar_and_newcombe_over_paired_tasks():
+    versus = arm(load.compare_runs([one_repeat_run()]), "new").versus
+    # t6 has no graded baseline trial: 5 pairs; both 2, new only 2 (t3, t4), base only 1 (t2).
+    assert versus.tasks == 5
+    assert versus.test == "McNemar exact"
+    assert versus.delta == pytest.approx(0.2)
+    assert (versus.low, versus.high) == pytest.approx((-0.398142, 0.661050), abs=1e-6)
+    # Exact binomial: 2 · P(X ≤ 1), X ~ Bin(3, 1/2) = 2 · 4/8, capped at 1.
+    assert versus.p_value == 1.0 and versus.p_holm == 1.0
+    assert [d.slug for d in versus.improved] == ["t3", "t4"]
+    assert [(d.slug, d.baseline, d.variant) for d in versus.regressed] == [("t2", "1/1", "0/1")]
+
+
+def test_it_reports_score_duration_tokens_and_cost():
+    base = arm(load.compare_runs([one_repeat_run()]), "base")
+    assert base.mean_score == pytest.approx((3 * 1.0 + 2 * 0.25) / 5)  # the error's 0.9 left out
+    assert base.median_duration == pytest.approx(30.0)  # 10..50; the error's 1 s left out
+    assert base.tokens == 6 * 110
+    assert base.cost == pytest.approx(3.0)
+    assert base.cost_per_pass == pytest.approx(1.0)
+
+
+def test_it_holm_adjusts_the_p_values_across_variants():
+    experiment = make_experiment(variants=("base", "all", "half", "none"))
+    outcomes = {
+        f"t{i}": {"base": "F", "all": "P", "half": "P" if i < 4 else "F", "none": "F"} for i in range(8)
+    }
+    result = load.compare_runs([make_run(experiment, outcomes)])
+    raw = [arm(result, key).versus.p_value for key in ("all", "half", "none")]
+    # McNemar: 8 discordant of 8 -> 2/2^8; 4 of 4 -> 2/2^4; none -> 1.
+    assert raw == pytest.approx([2 / 256, 2 / 16, 1.0])
+    holm = [arm(result, key).versus.p_holm for key in ("all", "half", "none")]
+    assert holm == pytest.approx([3 * 2 / 256, 2 * 2 / 16, 1.0])
+
+
+# --- repeats -----------------------------------------------------------------------------------
+
+REPEATS = {
+    "a": {"base": "PPF", "new": "PPP"},
+    "b": {"base": "FFF", "new": "FPF"},
+    "c": {"base": "PPP", "new": "PPP"},
+}
+
+
+def test_it_gives_pass_at_k_and_pass_hat_k_with_repeats():
+    base = arm(load.compare_runs([make_run(make_experiment(), REPEATS)]), "base")
+    # Tasks: 2/3, 0/3, 3/3. pass@2 of 2/3 = 1 - C(1,2)/C(3,2) = 1; pass^2 = C(2,2)/C(3,2) = 1/3.
+    assert base.pass_at_k == pytest.approx({1: 5 / 9, 2: 2 / 3, 3: 2 / 3})
+    assert base.pass_hat_k == pytest.approx({1: 5 / 9, 2: 4 / 9, 3: 1 / 3})
+    assert base.interval == "cluster bootstrap"
+    assert base.flaky == ["a"]
+
+
+def test_it_stops_k_at_the_fewest_graded_trials_of_a_task():
+    outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}}
+    base = arm(load.compare_runs([make_run(make_experiment(), outcomes)]), "base")
+    # b has 2 graded trials: k = 1, 2 only. pass@2: a 1, b 1; pass^2: a 1/3, b 0.
+    assert base.pass_at_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1.0})
+    assert base.pass_hat_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1 / 6})
+
+
+def test_it_bootstraps_the_paired_difference_over_tasks_with_repeats():
+    versus = arm(load.compare_runs([make_run(make_experiment(), REPEATS)]), "new").versus
+    assert versus.test == "paired bootstrap"
+    # Per-task differences 1/3, 1/3, 0: Δ is their mean. A resample is 0 only when it draws
+    # task c three times (1/27), so p ≈ 2/27.
+    assert versus.delta == pytest.approx(2 / 9)
+    assert 0.0 <= versus.low <= versus.delta <= versus.high <= 1 / 3
+    assert versus.p_value == pytest.approx(2 / 27, abs=0.03)
+    assert [d.slug for d in versus.improved] == ["a", "b"] and versus.regressed == []
+
+
+def test_it_gives_a_zero_width_interval_when_every_task_agrees():
+    outcomes = {slug: {"base": "PPF", "new": "PPF"} for slug in ("a", "b", "c")}
+    result = load.compare_runs([make_run(make_experiment(), outcomes)])
+    base, new = arm(result, "base"), arm(result, "new")
+    assert (base.pass_rate, base.low, base.high) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
+    assert (new.versus.delta, new.versus.low, new.versus.high, new.versus.p_value) == (0.0, 0.0, 0.0, 1.0)
+
+
+def test_it_matches_the_reference_bootstraps_of_stats():
+    rng = random.Random(11)
+    counts = [
+        [(rng.randint(0, n), n) for n in (rng.choice((4, 5)), 5, rng.choice((3, 5)))] for _ in range(60)
+    ]
+    intervals, paired = bootstrap.task_bootstrap(counts, 0, iterations=2000, seed=3)
+    for a in range(3):
+        reference = stats.cluster_bootstrap_pass_rate([row[a] for row in counts], iterations=2000, seed=5)
+        assert intervals[a] == pytest.approx(reference[1:], abs=0.02)
+    base = {t: row[0] for t, row in enumerate(counts)}
+    for a in (1, 2):
+        reference = stats.paired_bootstrap(base, {t: row[a] for t, row in enumerate(counts)}, iterations=2000)
+        assert paired[a].delta == pytest.approx(reference.delta, abs=1e-12)
+        assert (paired[a].low, paired[a].high) == pytest.approx((reference.low, reference.high), abs=0.025)
+        assert paired[a].p_value == pytest.approx(reference.p_value, abs=0.05)
+    assert paired[0] is None
+
+
+def test_it_is_reproducible_for_a_seed():
+    counts = [[(1, 3), (2, 3)], [(0, 3), (3, 3)], [(3, 3), (2, 3)], [(2, 3), (2, 3)]]
+    first = bootstrap.task_bootstrap(counts, 0, seed=4)
+    assert bootstrap.task_bootstrap(counts, 0, seed=4) == first
+    assert bootstrap.task_bootstrap(counts, 0, seed=5) != first
+
+
+# --- selection, warnings, heat-map ------------------------------------------------------------
+
+
+def test_it_leaves_pending_and_cancelled_trials_out_of_the_rate():
+    outcomes = {"a": {"base": "PFQ", "new": "PRC"}}
+    result = load.compare_runs([make_run(make_experiment(), outcomes, status=Run.Status.RUNNING)])
+    base, new = arm(result, "base"), arm(result, "new")
+    assert (base.trials, base.pending, base.pass_rate) == (3, 1, 0.5)
+    assert (new.pending, new.cancelled, new.pass_rate) == (1, 1, 1.0)
+    assert any("is running" in note for note in result.warnings)
+
+
+def test_it_filters_tasks_by_tag():
+    outcomes = {
+        "a": {"base": "P", "new": "F"},
+        "b": {"base": "F", "new": "F"},
+        "c": {"base": "P", "new": "P"},
+    }
+    run = make_run(make_experiment(), outcomes, tags={"a": ("x",), "b": ("y",), "c": ("x", "y")})
+    data = load.load([run])
+    assert data.tags == ["x", "y"]
+    result = compare.compare(data, tags=["x"])
+    assert [row.task.slug for row in result.rows] == ["a", "c"]
+    assert arm(result, "base").passed == 2 and arm(result, "new").passed == 1
+
+
+def test_it_takes_the_runs_baseline_and_refuses_an_unknown_one():
+    run = make_run(make_experiment(), {"a": {"base": "P", "new": "F"}}, baseline="new")
+    data = load.load([run])
+    assert compare.compare(data).baseline == "new"
+    assert compare.compare(data, baseline="base").baseline_arm.key == "base"
+    with pytest.raises(ValueError, match="unknown baseline 'nope'"):
+        compare.compare(data, baseline="nope")
+
+
+def test_it_builds_a_task_by_variant_heat_map():
+    run = make_run(make_experiment(), {"b": {"base": "PFE"}, "a": {"base": "P", "new": "F"}})
+    result = load.compare_runs([run])
+    assert [row.task.slug for row in result.rows] == ["a", "b"]
+    first, second = result.rows
+    assert [(c.passed, c.n) for c in first.cells] == [(1, 1), (0, 1)]
+    assert (second.cells[0].passed, second.cells[0].n, second.cells[0].errors) == (1, 2, 1)
+    assert second.cells[1] is None
+    only = Trial.objects.get(run=run, task_version__task__slug="a", variant__slug="base")
+    assert first.cells[0].first_trial_id == only.pk
+
+
+def test_it_flags_a_variant_whose_trials_ran_different_configurations():
+    run = make_run(
+        make_experiment(), {"a": {"base": "PP", "new": "PP"}}, config_fingerprint={("a", "new", 1): "other"}
+    )
+    result = load.compare_runs([run])
+    assert arm(result, "new").not_comparable == ["a"] and arm(result, "base").not_comparable == []
+    assert any(note.startswith("Not comparable: in new") for note in result.warnings)
+
+
+def test_it_compares_runs_and_warns_when_a_task_or_its_config_changed():
+    experiment = make_experiment()
+    outcomes = {slug: {"base": "P", "new": "F"} for slug in ("same", "edited", "regraded")}
+    old = make_run(experiment, outcomes, baseline="base")
+    new = make_run(
+        experiment,
+        outcomes,
+        content={"edited": "v2"},
+        config_fingerprint={("regraded", "base", 0): "new-grader"},
+    )
+    result = load.compare_runs([old, new])
+    assert [a.key for a in result.arms] == [
+        f"base@{old.pk}",
+        f"new@{old.pk}",
+        f"base@{new.pk}",
+        f"new@{new.pk}",
+    ]
+    assert result.baseline == f"base@{old.pk}"
+    task_note, config_note = result.warnings
+    assert task_note.startswith(f"Task changed between run #{old.pk} and run #{new.pk}: edited ")
+    assert config_note.startswith(
+        f"Configuration or grader changed between run #{old.pk} and run #{new.pk} for regraded "
+    )
+    # The changed task still pairs across runs.
+    assert arm(result, f"base@{new.pk}").versus.tasks == 3
+
+
+def test_it_loads_a_comparison_in_three_queries(django_assert_num_queries):
+    experiment = make_experiment(variants=("base", "new", "third"))
+    outcomes = {f"t{i}": {"base": "PF", "new": "PP", "third": "FE"} for i in range(5)}
+    run = make_run(experiment, outcomes)
+    run = Run.objects.select_related("experiment").get(pk=run.pk)
+    with django_assert_num_queries(3):
+        data = load.load([run])
+    with django_assert_num_queries(0):
+        compare.compare(data)
+
+
+def test_it_lists_the_current_trials_as_flat_rows():
+    run = make_run(make_experiment(), {"a": {"base": "PF"}, "b": {"base": "E"}}, tags={"b": ("x",)})
+    rows = list(exports.trial_rows(Trial.objects.for_run(run).current().order_by("pk")))
+    assert [(r["task"], r["variant"], r["replicate"], r["status"]) for r in rows] == [
+        ("a", "base", 0, "passed"),
+        ("a", "base", 1, "failed"),
+        ("b", "base", 0, "error"),
+    ]
+    assert list(rows[0]) == exports.TRIAL_COLUMNS
+    assert rows[1]["label"] == "a#1"
+    assert rows[1]["url"] == reverse("trial_detail", args=[run.pk, rows[1]["id"]])
+
+
+def test_it_counts_two_versions_of_a_task_in_one_run_as_one_task():
+    run = make_run(make_experiment(), {"a": {"base": "P"}})
+    Trial.objects.create(
+        run=run,
+        task_version=task_version("a", content="v2"),
+        variant=Variant.objects.get(slug="base"),
+        status=Trial.Status.FAILED,
+        config_fingerprint="other",
+    )
+    result = load.compare_runs([run])
+    (row,) = result.rows
+    assert (row.cells[0].passed, row.cells[0].n, row.cells[0].total) == (1, 2, 2)
+    assert arm(result, "base").not_comparable == ["a"]
+
+
+def test_it_leaves_replaced_attempts_out():
+    run = make_run(make_experiment(), {"a": {"base": "FP"}})
+    Trial.objects.filter(run=run, replicate=0).update(is_latest=False)
+    base = arm(load.compare_runs([run]), "base")
+    assert (base.trials, base.passed, base.failed) == (1, 1, 0)
+
+
+def test_it_summarises_as_flat_rows_and_json_ready_data():
+    result = load.compare_runs([make_run(make_experiment(), REPEATS)])
+    rows = result.summary_rows()
+    assert [row["arm"] for row in rows] == ["base", "new"]
+    assert rows[1]["delta"] == pytest.approx(2 / 9) and rows[0]["delta"] is None
+    assert rows[0]["pass@3"] == pytest.approx(2 / 3)
+    data = result.to_dict()
+    assert data["arms"][1]["versus"]["test"] == "paired bootstrap"
+    assert data["bootstrap"] == {"iterations": bootstrap.ITERATIONS, "seed": 0}
+
+
+# --- charts ------------------------------------------------------------------------------------
+
+
+def test_it_draws_valid_plotly_figures():
+    result = load.compare_runs([make_run(make_experiment(), REPEATS)])
+    figures = charts.figures(result)
+    assert set(figures) == {"chart-pass-rate", "chart-forest", "chart-cost"}
+    for figure in figures.values():
+        go.Figure(figure)  # raises on any invalid property
+    bars = figures["chart-pass-rate"]["data"][0]
+    assert bars["y"] == pytest.approx([5 / 9, 7 / 9])
+    base = arm(result, "base")
+    assert bars["error_y"]["arrayminus"][0] == pytest.approx(base.pass_rate - base.low)
+    forest = figures["chart-forest"]["data"][0]
+    assert forest["y"] == ["new"] and forest["x"] == pytest.approx([2 / 9])
+    cost = figures["chart-cost"]["data"][0]
+    assert cost["x"] == pytest.approx([0.5, 0.5])
+
+
+def test_it_escapes_labels_in_charts():
+    experiment = make_experiment(variants=("base", "<b>x</b>"))
+    result = load.compare_runs([make_run(experiment, {"a": {"base": "P", "<b>x</b>": "F"}})])
+    figure = charts.pass_rate_figure(result)
+    assert figure["data"][0]["x"] == ["base", "&lt;b&gt;x&lt;/b&gt;"]
+    assert not math.isnan(figure["data"][0]["y"][0])

@@ -1,0 +1,191 @@
+"""Gates: spec validation, judging (pure) and the verdict stored when a run ends."""
+
+import textwrap
+
+import pytest
+from django.conf import settings
+from pydantic import ValidationError
+
+from experiments_app.definitions import ImportFailed, import_experiment, import_tasks
+from experiments_app.specs import ExperimentSpec
+from runs_app import control
+from runs_app.analysis.gates import RunFacts, VariantFacts, all_passed, evaluate_gates, validate_gates
+from runs_app.launching import LaunchOptions, launch_run
+from runs_app.models import Run, Trial
+
+EXAMPLES = settings.BASE_DIR / "examples"
+
+
+def facts(*variants: VariantFacts, baseline: str = "base", suites: list[dict] | None = None) -> RunFacts:
+    return RunFacts(list(variants), baseline, suites or [])
+
+
+def judge(gate: dict, run: RunFacts) -> dict:
+    (result,) = evaluate_gates(validate_gates([gate]), run)
+    return result
+
+
+BASE = VariantFacts("base", passed=8, failed=2)
+NEW = VariantFacts("new", passed=5, failed=4, error=1, delta=-0.3, p_adjusted=0.01)
+
+
+def test_it_holds_min_pass_rate_only_when_every_variant_reaches_it():
+    result = judge({"type": "min_pass_rate", "value": 0.6}, facts(BASE, NEW))
+
+    assert result["passed"] is False
+    assert "base: 8/10 = 80.0% >= 60.0%" in result["detail"]
+    assert "new: 5/9 = 55.6% < 60.0%" in result["detail"]
+    assert result["name"] == "min_pass_rate >= 60% (each variant)"
+
+
+def test_it_judges_min_pass_rate_for_one_variant_or_pooled():
+    run = facts(BASE, NEW)
+
+    assert judge({"type": "min_pass_rate", "value": 0.6, "variant": "base"}, run)["passed"] is True
+    overall = judge({"type": "min_pass_rate", "value": 0.68, "overall": True}, run)
+    assert overall["passed"] is True  # 13/19 = 68.4%
+    assert "overall: 13/19" in overall["detail"]
+    assert judge({"type": "min_pass_rate", "value": 0.69, "overall": True}, run)["passed"] is False
+
+
+def test_it_fails_a_pass_rate_gate_without_graded_trials_or_for_a_missing_variant():
+    only_errors = facts(VariantFacts("base", error=3))
+
+    assert judge({"type": "min_pass_rate", "value": 0.0}, only_errors)["passed"] is False
+    missing = judge({"type": "min_pass_rate", "value": 0.5, "variant": "gone"}, facts(BASE))
+    assert missing == {**missing, "passed": False, "detail": "variant 'gone' is not part of this run"}
+
+
+def test_it_fails_no_regression_only_on_a_significant_drop():
+    gate = {"type": "no_regression", "alpha": 0.05}
+
+    assert judge(gate, facts(BASE, NEW))["passed"] is False
+    assert "significant regression" in judge(gate, facts(BASE, NEW))["detail"]
+    not_significant = VariantFacts("new", 5, 4, delta=-0.3, p_adjusted=0.2)
+    assert judge(gate, facts(BASE, not_significant))["passed"] is True
+    better = VariantFacts("new", 10, 0, delta=0.2, p_adjusted=0.001)
+    assert judge(gate, facts(BASE, better))["passed"] is True
+    assert judge({**gate, "alpha": 0.001}, facts(BASE, NEW))["passed"] is True
+
+
+def test_it_explains_no_regression_when_there_is_nothing_to_compare():
+    gate = {"type": "no_regression"}
+
+    alone = judge(gate, facts(BASE))
+    assert alone["passed"] is True and "only the baseline ran" in alone["detail"]
+    unpaired = judge(gate, facts(BASE, VariantFacts("new", 1, 1)))
+    assert unpaired["passed"] is True and "not compared" in unpaired["detail"]
+    on_baseline = judge({**gate, "variant": "base"}, facts(BASE, NEW))
+    assert on_baseline["passed"] is False and "is the baseline" in on_baseline["detail"]
+
+
+def test_it_caps_the_error_share_at_the_boundary():
+    run = facts(VariantFacts("base", passed=9, error=1), VariantFacts("new", passed=7, error=3))
+
+    assert judge({"type": "max_error_share", "value": 0.1, "variant": "base"}, run)["passed"] is True
+    each = judge({"type": "max_error_share", "value": 0.1}, run)
+    assert each["passed"] is False and "new: 3/10 errors = 30.0% > 10.0%" in each["detail"]
+    assert judge({"type": "max_error_share", "value": 0.2, "overall": True}, run)["passed"] is True
+
+
+def test_it_requires_every_dataset_suite_to_pass():
+    suites = [
+        {"task": "classify", "variant": "base", "passed": True},
+        {"task": "classify", "variant": "new", "passed": False},
+    ]
+    run = facts(BASE, NEW, suites=suites)
+
+    failed = judge({"type": "suite_thresholds"}, run)
+    assert failed["passed"] is False and "classify × new" in failed["detail"]
+    assert judge({"type": "suite_thresholds", "variant": "base"}, run)["passed"] is True
+    # Declared but nothing checked (the dataset task was filtered out): not a silent pass.
+    assert judge({"type": "suite_thresholds"}, facts(BASE))["passed"] is False
+
+
+def test_it_fails_a_stored_gate_that_no_longer_validates():
+    (result,) = evaluate_gates([{"type": "min_pass_rate", "valeu": 0.5}], facts(BASE))
+
+    assert result["passed"] is False
+    assert "invalid gate spec" in result["detail"] and "valeu" in result["detail"]
+
+
+def test_it_uses_the_declared_name_and_summarises_verdicts():
+    results = evaluate_gates(
+        validate_gates([{"type": "min_pass_rate", "value": 0.5, "name": "smoke bar"}]), facts(BASE)
+    )
+
+    assert results[0]["name"] == "smoke bar"
+    assert all_passed(results) is True
+    assert all_passed([]) is None
+    assert all_passed([*results, {**results[0], "passed": False}]) is False
+
+
+def experiment_spec(gates: list) -> dict:
+    variants = [{"variant_id": "base"}, {"variant_id": "new"}]
+    return {"experiment_id": "gated", "variants": variants, "gates": gates}
+
+
+def test_it_rejects_gates_with_unknown_keys_variants_or_both_scopes():
+    with pytest.raises(ValidationError, match="valeu"):
+        ExperimentSpec.model_validate(experiment_spec([{"type": "min_pass_rate", "value": 1, "valeu": 1}]))
+    with pytest.raises(ValidationError, match="no variant 'nope'"):
+        ExperimentSpec.model_validate(experiment_spec([{"type": "no_regression", "variant": "nope"}]))
+    with pytest.raises(ValidationError, match="not both"):
+        ExperimentSpec.model_validate(
+            experiment_spec([{"type": "max_error_share", "value": 0.1, "variant": "new", "overall": True}])
+        )
+    with pytest.raises(ValidationError):
+        ExperimentSpec.model_validate(experiment_spec([{"type": "min_pass_rate", "value": 1.5}]))
+
+
+GATED_SMOKE = """
+experiment_id: gated-smoke
+baseline: reference
+tags: [smoke]
+variants:
+  - variant_id: reference
+    agent: {type: oracle}
+  - variant_id: no-op
+    agent: {type: none}
+gates:
+  - {type: min_pass_rate, variant: reference, value: 1.0}
+  - {type: no_regression}
+  - {type: min_pass_rate, value: 0.5}
+"""
+
+
+def write_experiment(tmp_path, text: str):
+    path = tmp_path / "experiment.yaml"
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+@pytest.mark.django_db
+def test_it_reports_a_bad_gate_with_file_and_line(tmp_path):
+    path = write_experiment(tmp_path, GATED_SMOKE.replace("variant: reference, value: 1.0", "value: 2"))
+
+    with pytest.raises(ImportFailed) as failed:
+        import_experiment(path)
+
+    assert any(f"{path}:10: gates[0].value" in issue for issue in failed.value.issues), failed.value.issues
+
+
+@pytest.mark.django_db
+def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
+    import_tasks([EXAMPLES / "tasks"])
+    experiment = import_experiment(write_experiment(tmp_path, GATED_SMOKE)).experiment
+    assert experiment.gates[1] == {"type": "no_regression", "alpha": 0.05, "variant": None, "name": None}
+
+    run = launch_run(experiment, options=LaunchOptions())
+    assert run.gates == experiment.gates
+    trials = Trial.objects.filter(run=run)
+    trials.filter(variant__slug="reference").update(status=Trial.Status.PASSED)
+    trials.filter(variant__slug="no-op").update(status=Trial.Status.FAILED)
+    control.refresh_run(run.pk)
+
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED
+    assert [gate["passed"] for gate in run.gate_results] == [True, True, False]
+    # 3 tasks, all lost by no-op: McNemar's p = 0.25 is not significant (with Holm over one test).
+    assert "Holm p = 0.25" in run.gate_results[1]["detail"]
+    assert run.gates_passed is False

@@ -1,0 +1,395 @@
+"""The runner end to end: real `celery worker` processes over the real broker."""
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db.models import Count
+
+from conftest import WorkerProcess, purge_broker, wait_for
+from experiments_app.definitions import import_experiment
+from experiments_app.models import Task
+from runs_app import control
+from runs_app.launching import LaunchOptions, launch_run
+from runs_app.models import CriterionResult, Run, Trial, TrialEvent
+from runs_app.tests.factories import (
+    EXAMPLES,
+    import_examples,
+    import_folder_tasks,
+    make_experiment,
+    make_task,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SMALL_TASK = """
+task_id: {slug}
+initial_prompt: "Write out.txt"
+sandbox:
+  template_sources:
+    - type: starter_files
+      files:
+        - {{path: README.md, content: "task {slug}"}}
+success_criteria:
+  - type: file_exists
+    path: out.txt
+"""
+
+# An agent that takes a while, so tests can act while trials run.
+SLOW_AGENT = """
+experiment_id: slow
+max_parallel: {parallel}
+defaults:
+  repeats: {repeats}
+variants:
+  - variant_id: slow
+    agent:
+      type: command
+      command: {command}
+"""
+
+
+def wait_for_run(run: Run, timeout: float, worker: WorkerProcess | None = None) -> Run:
+    def final():
+        run.refresh_from_db()
+        return run.is_final
+
+    def why() -> str:
+        states = list(Trial.objects.filter(run=run).values_list("pk", "status", "attempt", "dispatched_at"))
+        return f"run {run.pk} to end ({run.status}); trials: {states}\nlog:\n{_log(worker)}"
+
+    wait_for(final, timeout=timeout, message=why)
+    return run
+
+
+def _log(worker: WorkerProcess | None) -> str:
+    return worker.log()[-5000:] if worker else ""
+
+
+def small_suite(folder: Path, n_tasks: int, command: str, parallel: int = 4, repeats: int = 1):
+    for i in range(n_tasks):
+        make_task(folder, f"t{i}", SMALL_TASK.format(slug=f"t{i}"))
+    import_folder_tasks(folder)
+    return make_experiment(
+        folder, SLOW_AGENT.format(parallel=parallel, repeats=repeats, command=json.dumps(command))
+    )
+
+
+def test_the_demo_experiment_passes_every_oracle_trial_and_fails_every_none_trial(tmp_path):
+    import_examples()
+    demo = import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES).experiment
+    # The claude arm must fail clearly for want of a key, whatever this machine has.
+    worker = WorkerProcess(tmp_path, extra_env={"ANTHROPIC_API_KEY": ""}).start()
+    try:
+        run = wait_for_run(launch_run(demo, options=LaunchOptions(repeats=1)), timeout=300, worker=worker)
+    finally:
+        worker.kill()
+
+    outcomes = Counter(Trial.objects.filter(run=run).values_list("variant__slug", "status"))
+    every_task = set(Task.objects.values_list("slug", flat=True))
+    for variant, expected in (("reference", "passed"), ("no-op", "failed")):
+        trials = Trial.objects.filter(run=run, variant__slug=variant)
+        assert set(trials.values_list("status", flat=True)) == {expected}, outcomes
+        assert set(trials.values_list("task_version__task__slug", flat=True)) == every_task
+    scripted = Counter(
+        Trial.objects.filter(run=run, variant__slug="scripted").values_list("status", flat=True)
+    )
+    assert scripted["passed"] > 0 and scripted["failed"] > 0 and not scripted["error"]
+    claude = Trial.objects.filter(run=run, variant__slug="claude")
+    assert set(claude.values_list("status", flat=True)) == {"error"}
+    assert "ANTHROPIC_API_KEY" in claude.first().error_message
+    assert run.status == "finished" and run.n_trials == run.n_passed + run.n_failed + run.n_error
+    passed = Trial.objects.filter(run=run, status="passed").first()
+    assert passed.criterion_results.count() == len(passed.config["success_criteria"])
+    assert TrialEvent.objects.filter(trial=passed, kind="phase").count() >= 4
+    assert passed.setup_seconds is not None and passed.grading_seconds is not None
+
+
+def test_a_killed_worker_loses_no_trial_and_finishes_each_exactly_once(tmp_path):
+    experiment = small_suite(tmp_path, 3, "sleep 1.5 && echo done > out.txt", parallel=4, repeats=4)
+    fast_recovery = {
+        "TRIAL_LEASE_SECONDS": "3",
+        "REAPER_INTERVAL_SECONDS": "1",
+        "REDISPATCH_AFTER_SECONDS": "3",
+    }
+    first = WorkerProcess(tmp_path, extra_env=fast_recovery, beat=True).start()
+    run = launch_run(experiment)
+    wait_for(
+        lambda: Trial.objects.filter(run=run, status="running").count() >= 2,
+        timeout=60,
+        message=lambda: f"trials to start; log:\n{first.log()[-3000:]}",
+    )
+    first.kill(signal.SIGKILL)
+    second = WorkerProcess(tmp_path, extra_env=fast_recovery, beat=True).start()
+    try:
+        wait_for_run(run, timeout=120, worker=second)
+    finally:
+        second.kill()
+
+    trials = Trial.objects.filter(run=run)
+    assert trials.count() == 12
+    assert set(trials.values_list("status", flat=True)) == {"passed"}
+    assert trials.filter(attempt__gt=1).exists()  # the killed worker's trials ran again
+    finished_phases = (
+        TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="finished")
+        .values("trial")
+        .annotate(n=Count("pk"))
+    )
+    assert sorted(row["n"] for row in finished_phases) == [1] * 12
+    per_trial = CriterionResult.objects.filter(trial__run=run).values("trial").annotate(n=Count("pk"))
+    assert [row["n"] for row in per_trial] == [1] * 12
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(pid))
+    return found
+
+
+def test_cancel_kills_running_agents_within_two_seconds(tmp_path, celery_worker_process):
+    marker = "31.337"
+    experiment = small_suite(tmp_path, 6, f"sleep {marker}")
+    run = launch_run(experiment)
+    wait_for(
+        lambda: len(_processes_with(marker)) >= 2, timeout=60, message=lambda: celery_worker_process.log()
+    )
+
+    cancelled_at = time.monotonic()
+    control.cancel_run(run, control.COMMAND_LINE)
+    wait_for_run(run, timeout=10, worker=celery_worker_process)
+    elapsed = time.monotonic() - cancelled_at
+
+    assert run.status == "cancelled"
+    assert set(Trial.objects.filter(run=run).values_list("status", flat=True)) == {"cancelled"}
+    assert elapsed < 3.5  # killed within 2 s, plus the worker's half-second poll and bookkeeping
+    assert _processes_with(marker) == []
+
+
+def test_retry_runs_only_errored_trials_again_and_keeps_old_attempts(tmp_path, celery_worker_process):
+    make_task(tmp_path, "t0", SMALL_TASK.format(slug="t0"))
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        """
+        experiment_id: flaky
+        variants:
+          - variant_id: broken
+            agent: {type: command, command: "exit 127"}
+          - variant_id: idle
+            agent: {type: none}
+        """,
+    )
+    run = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+    assert Counter(Trial.objects.filter(run=run).values_list("status", flat=True)) == {
+        "error": 1,
+        "failed": 1,
+    }
+    failed_before = Trial.objects.get(run=run, status="failed")
+
+    assert control.retry_errors(run, control.COMMAND_LINE) == 1
+    wait_for_run(run, timeout=60, worker=celery_worker_process)
+
+    broken = Trial.objects.filter(run=run, variant__slug="broken").order_by("attempt")
+    assert [(t.attempt, t.is_latest, t.status) for t in broken] == [(1, False, "error"), (2, True, "error")]
+    assert broken[1].previous_attempt_id == broken[0].pk
+    failed_after = Trial.objects.get(run=run, variant__slug="idle")
+    assert (failed_after.pk, failed_after.finished_at) == (failed_before.pk, failed_before.finished_at)
+    run.refresh_from_db()
+    assert run.n_trials == 2 and run.n_error == 1 and run.n_failed == 1
+
+
+def test_a_token_budget_stops_the_agent_mid_stream(tmp_path, celery_worker_process):
+    usage = '{"type": "usage", "input_tokens": 100, "output_tokens": 100}'
+    command = f"for i in $(seq 50); do echo '{usage}'; sleep 0.1; done; echo done > out.txt"
+    experiment = small_suite(tmp_path, 1, command)
+    options = LaunchOptions(overrides=["run_limits.max_total_tokens=500"])
+
+    run = wait_for_run(launch_run(experiment, options=options), timeout=60, worker=celery_worker_process)
+
+    trial = Trial.objects.get(run=run)
+    assert trial.budget_exceeded == "max_total_tokens"
+    assert trial.status == "failed"  # stopped before it wrote out.txt, then graded
+    assert trial.agent_seconds < 3  # not the 5 s the script would take
+    assert 500 < trial.input_tokens + trial.output_tokens <= 1000
+
+
+def test_hostile_agents_end_bounded_and_recorded(tmp_path, celery_worker_process):
+    for slug, command in {
+        "flood": "head -c 1000000000 /dev/zero; echo done > out.txt",
+        "home": 'echo secret > "$HOME/note.txt" && test -f "$HOME/note.txt" && echo done > out.txt',
+        "loop": "while :; do :; done",
+    }.items():
+        make_task(
+            tmp_path,
+            slug,
+            f"task_id: {slug}\ninitial_prompt: go\nsandbox:\n  limits: {{timeout: 4}}\n"
+            "success_criteria:\n  - {type: file_exists, path: out.txt}\n"
+            f"agent: {{type: command, command: {json.dumps(command)}}}\n",
+        )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, "experiment_id: hostile\nvariants:\n  - variant_id: as-written\n")
+
+    run = wait_for_run(launch_run(experiment), timeout=90, worker=celery_worker_process)
+
+    trials = {
+        t.task_version.task.slug: t
+        for t in Trial.objects.filter(run=run).select_related("task_version__task")
+    }
+    assert trials["loop"].timed_out and trials["loop"].status == "failed"
+    assert trials["flood"].status == "passed", (trials["flood"].error_category, trials["flood"].error_message)
+    assert len(trials["flood"].agent_stdout) <= settings.AGENT_OUTPUT_CAP_BYTES
+    assert trials["home"].status == "passed"
+    assert not Path("/root/note.txt").exists() and not (Path.home() / "note.txt").exists()
+    assert _worker_peak_rss_mb(celery_worker_process) < 400
+
+
+def _worker_peak_rss_mb(worker: WorkerProcess) -> float:
+    """The largest VmHWM among the worker's processes (main process and pool children)."""
+    peak = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.getpgid(int(pid)) != worker.proc.pid:
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (OSError, ProcessLookupError):
+            continue
+    return peak / 1024
+
+
+def test_a_redelivered_message_for_a_finished_trial_is_a_no_op(tmp_path):
+    experiment = small_suite(tmp_path, 1, "echo done > out.txt")
+    purge_broker()
+    run = launch_run(experiment)
+    trial = Trial.objects.get(run=run)
+    Trial.objects.filter(pk=trial.pk).update(status="passed", score=1.0)
+
+    assert control.execute(trial.pk, "late-worker") is None
+    trial.refresh_from_db()
+    assert (trial.status, trial.score, trial.lease_owner) == ("passed", 1.0, "")
+    assert not TrialEvent.objects.filter(trial=trial).exists()
+
+
+def test_it_keeps_artifacts_and_errors_on_a_failing_pre_run(tmp_path, celery_worker_process):
+    import io
+    import tarfile
+
+    from django.core.files.storage import default_storage
+
+    make_task(
+        tmp_path,
+        "setup-fails",
+        "task_id: setup-fails\ninitial_prompt: go\npre_run:\n  - {command: 'echo broken >&2; exit 3'}\n"
+        "success_criteria:\n  - {type: file_exists, path: out.txt}\n",
+    )
+    make_task(tmp_path, "keeps", SMALL_TASK.format(slug="keeps"))
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: art\nvariants:\n  - variant_id: v\n"
+        '    agent: {type: command, command: "echo hi > out.txt"}\n',
+    )
+
+    run = launch_run(experiment, options=LaunchOptions(keep_artifacts=True))
+    wait_for_run(run, timeout=60, worker=celery_worker_process)
+
+    broken = Trial.objects.get(run=run, task_version__task__slug="setup-fails")
+    assert (broken.status, broken.error_category) == ("error", "pre_run")
+    assert "exited with 3" in broken.error_message and "broken" in broken.error_message
+    kept = Trial.objects.get(run=run, task_version__task__slug="keeps")
+    assert kept.status == "passed" and kept.artifact
+    with (
+        default_storage.open(kept.artifact) as handle,
+        tarfile.open(fileobj=io.BytesIO(handle.read())) as tar,
+    ):
+        assert "workspace/out.txt" in tar.getnames()
+    assert "+hi" in kept.diff
+
+
+def test_it_evaluates_dataset_suite_thresholds_when_the_run_ends(tmp_path, celery_worker_process):
+    rows = "\n".join(f"    - {{id: r{i}, ok: '{'yes' if i < 3 else 'no'}'}}" for i in range(4))
+    make_task(
+        tmp_path,
+        "suite",
+        f"task_id: suite\ninitial_prompt: go\ndataset:\n  rows:\n{rows}\n"
+        "success_criteria:\n  - type: run_command\n    command: 'test ${row.ok} = yes'\n"
+        "    suite_thresholds: {mean: 0.7}\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path, "experiment_id: suite\nvariants:\n  - variant_id: v\n    agent: {type: none}\n"
+    )
+
+    run = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+
+    assert Counter(Trial.objects.filter(run=run).values_list("status", flat=True)) == {
+        "passed": 3,
+        "failed": 1,
+    }
+    [suite] = run.suite_results
+    assert (suite["task"], suite["variant"], suite["passed"]) == ("suite", "v", True)
+    assert suite["criteria"][0]["metrics"]["mean"] == pytest.approx(0.75)
+
+
+def test_two_runs_share_the_workers(tmp_path, celery_worker_process):
+    experiment = small_suite(tmp_path, 1, "sleep 0.3 && echo done > out.txt", parallel=1, repeats=6)
+
+    first = launch_run(experiment)
+    second = launch_run(experiment)
+    wait_for_run(first, timeout=60, worker=celery_worker_process)
+    wait_for_run(second, timeout=60, worker=celery_worker_process)
+
+    def finish_times(run):
+        return sorted(Trial.objects.filter(run=run).values_list("finished_at", flat=True))
+
+    # Each run holds one slot (max_parallel 1), so the two worker processes serve both at once:
+    # the second run's first trial ends long before the first run's last one.
+    assert finish_times(second)[0] < finish_times(first)[-1]
+    assert finish_times(first)[0] < finish_times(second)[-1]
+    assert first.n_passed == second.n_passed == 6
+
+
+def test_agents_get_neither_undeclared_secrets_nor_folders_outside_their_bundle(
+    tmp_path, celery_worker_process
+):
+    make_task(tmp_path, "t0", SMALL_TASK.format(slug="t0"))
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        """
+        experiment_id: nosy
+        variants:
+          - variant_id: wants-secret-key
+            agent: {type: command, command: "env > out.txt", secrets: [SECRET_KEY]}
+          - variant_id: oracle
+            agent: {type: oracle}
+        """,
+    )
+
+    asks = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+    # An override is checked against the schema, not the filesystem: the runner must refuse it.
+    options = LaunchOptions(overrides=["reference.directory=/etc"])
+    escapes = wait_for_run(launch_run(experiment, options=options), timeout=60, worker=celery_worker_process)
+
+    nosy = Trial.objects.get(run=asks, variant__slug="wants-secret-key")
+    assert (nosy.status, nosy.error_category) == ("error", "setup")
+    assert "SECRET_KEY" in nosy.error_message and "AGENT_SECRET_NAMES" in nosy.error_message
+    for trial in Trial.objects.filter(run=escapes):
+        assert (trial.status, trial.error_category) == ("error", "setup")
+        assert "leaves the task's bundle" in trial.error_message
+        assert "passwd" not in trial.diff

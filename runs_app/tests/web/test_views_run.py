@@ -1,0 +1,216 @@
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from runs_app.models import Run, Trial
+from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+
+pytestmark = pytest.mark.django_db
+
+
+def _url(name: str, run: Run) -> str:
+    return reverse(name, args=[run.pk])
+
+
+@pytest.mark.parametrize("name", ["run_detail", "run_stream", "run_progress"])
+def test_it_sends_anonymous_visitors_to_login(client, name):
+    run = launched_run()
+
+    response = client.get(_url(name, run))
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_rerun"])
+def test_it_does_not_let_anonymous_visitors_act_on_a_run(client, name):
+    run = launched_run()
+
+    response = client.post(_url(name, run))
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+    assert Run.objects.count() == 1
+    assert Run.objects.get().status == Run.Status.QUEUED
+
+
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_rerun"])
+def test_it_refuses_get_on_run_actions(member_client, name):
+    run = launched_run()
+
+    assert member_client.get(_url(name, run)).status_code == 405
+
+
+def test_it_shows_progress_counts_variants_and_trials(member_client):
+    run = launched_run()
+    trials = list(run.trials.order_by("pk"))
+    finish_trial(trials[0], "passed", input_tokens=1200, cost_usd=0.25)
+    finish_trial(trials[1], "failed")
+    finish_trial(trials[2], "error", error_category="agent_crash")
+    run.refresh_counts()
+
+    response = member_client.get(_url("run_detail", run))
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert 'data-testid="percent">50%' in body
+    assert 'data-count="passed">1<' in body
+    assert 'data-count="error">1<' in body
+    assert 'data-count="queued">3<' in body
+    assert 'data-variant="reference"' in body and 'data-variant="no-op"' in body
+    assert body.count('<tr data-status="') == 6
+    assert "agent_crash" in body
+    # While the run is open the page holds one stream and polls only as a fallback.
+    assert f'sse-connect="{_url("run_stream", run)}"' in body
+    assert 'hx-trigger="every 2s [!window.evalsiteStreamLive]"' in body
+
+
+def test_it_shows_each_variants_pass_rate_with_its_wilson_interval(member_client):
+    run = finish_run(launched_run(), ["passed", "passed", "failed"])
+
+    response = member_client.get(_url("run_detail", run))
+
+    rows = {row.variant.slug: row for row in response.context["variant_rows"]}
+    assert sum(row.total for row in rows.values()) == 6
+    reference = rows["reference"]
+    decided = reference.passed + reference.failed
+    assert reference.pass_rate == pytest.approx(reference.passed / decided)
+    from runs_app.analysis.stats import wilson_interval
+
+    assert reference.interval == wilson_interval(reference.passed, decided)
+    assert rows["no-op"].is_baseline  # smoke.yaml names no-op its baseline
+
+
+def test_it_counts_errors_apart_from_fails_in_the_pass_rate(member_client):
+    run = finish_run(launched_run(), ["passed", "error"])
+
+    response = member_client.get(_url("run_detail", run))
+
+    for row in response.context["variant_rows"]:
+        assert row.failed == 0
+        assert row.pass_rate in (1.0, None)
+
+
+def test_it_filters_trials_by_variant_task_and_outcome(member_client):
+    run = finish_run(launched_run(), ["passed", "failed"])
+
+    by_variant = member_client.get(_url("run_detail", run), {"variant": "reference"})
+    by_task = member_client.get(_url("run_detail", run), {"task": "slug"})
+    by_outcome = member_client.get(_url("run_detail", run), {"status": "failed"})
+
+    assert {t.variant.slug for t in by_variant.context["trials"]} == {"reference"}
+    assert len(by_variant.context["trials"]) == 3
+    assert all("slug" in t.task_version.task.slug for t in by_task.context["trials"])
+    assert 0 < len(by_task.context["trials"]) < 6
+    assert {t.status for t in by_outcome.context["trials"]} == {"failed"}
+
+
+def test_it_ignores_filters_that_are_not_valid(member_client):
+    run = launched_run()
+
+    response = member_client.get(_url("run_detail", run), {"status": "<script>", "page": "-3"})
+
+    assert response.status_code == 200
+    assert len(response.context["trials"]) == 6
+    assert b"<script>" not in response.content
+
+
+def test_it_pages_the_trial_table(member_client, monkeypatch):
+    monkeypatch.setattr("runs_app.web.runs.RUN_TRIAL_ROWS", 4)
+    run = launched_run()
+
+    first = member_client.get(_url("run_detail", run))
+    second = member_client.get(_url("run_detail", run), {"page": 2})
+
+    assert len(first.context["trials"]) == 4 and first.context["has_more"]
+    assert len(second.context["trials"]) == 2 and not second.context["has_more"]
+    assert not {t.pk for t in first.context["trials"]} & {t.pk for t in second.context["trials"]}
+
+
+def test_it_shows_a_finished_run_without_stream_or_polling(member_client):
+    run = finish_run(launched_run())
+
+    body = member_client.get(_url("run_detail", run)).content.decode()
+
+    assert "sse-connect" not in body
+    assert "every 2s" not in body
+    assert 'data-testid="percent">100%' in body
+
+
+def test_it_keeps_the_run_page_query_count_flat(member_client, django_assert_max_num_queries):
+    run = finish_run(launched_run())
+    member_client.get(_url("run_detail", run))  # warm the session and user
+
+    with django_assert_max_num_queries(6):
+        response = member_client.get(_url("run_detail", run))
+
+    assert response.status_code == 200
+
+
+def test_it_returns_the_fragments_and_keeps_polling_while_the_run_is_open(member_client):
+    run = launched_run()
+
+    response = member_client.get(_url("run_progress", run), HTTP_HX_REQUEST="true")
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.count('hx-swap-oob="true"') == 3
+    assert 'id="run-progress"' in body and 'id="run-trials"' in body
+
+
+def test_it_stops_polling_with_286_once_the_run_has_ended(member_client):
+    run = finish_run(launched_run())
+
+    response = member_client.get(_url("run_progress", run), HTTP_HX_REQUEST="true")
+
+    assert response.status_code == 286
+    assert b'data-testid="percent">100%' in response.content
+
+
+def test_it_lets_a_member_cancel_a_run_they_started(member_client, member):
+    run = launched_run(user=member)
+
+    response = member_client.post(_url("run_cancel", run), follow=True)
+
+    run.refresh_from_db()
+    assert run.cancel_requested
+    assert run.status == Run.Status.CANCELLED
+    assert run.n_cancelled == 6
+    assert b"Cancelled run" in response.content
+
+
+def test_it_refuses_to_cancel_or_retry_someone_elses_run(member_client, outsider, admin_user):
+    run = finish_run(launched_run(user=outsider), ["passed", "error"])
+
+    for name in ("run_cancel", "run_retry"):
+        assert member_client.post(_url(name, run)).status_code == 403
+    assert Trial.objects.filter(run=run, attempt=2).count() == 0
+
+    staff = Client()
+    staff.force_login(admin_user)
+    assert staff.post(_url("run_retry", run)).status_code == 302  # staff may
+    assert Trial.objects.filter(run=run, attempt=2).count() == 3
+
+
+def test_it_retries_errored_trials_as_new_attempts(member_client, member):
+    run = finish_run(launched_run(user=member), ["passed", "error"])
+
+    response = member_client.post(_url("run_retry", run), follow=True)
+
+    assert b"Retrying 3 errored trials" in response.content
+    assert Trial.objects.filter(run=run, is_latest=True, status="queued", attempt=2).count() == 3
+    assert Trial.objects.filter(run=run, is_latest=False, status="error").count() == 3
+
+
+def test_it_reruns_the_same_tasks_as_a_new_run(member_client, member):
+    run = finish_run(launched_run())
+
+    response = member_client.post(_url("run_rerun", run))
+
+    new = Run.objects.exclude(pk=run.pk).get()
+    assert response.status_code == 302
+    assert response["Location"] == new.get_absolute_url()
+    assert new.n_trials == run.n_trials
+    assert new.started_by == member
+    assert sorted(new.config["tasks"]) == sorted(run.config["tasks"])
+    assert new.sample_seed == run.sample_seed

@@ -1,0 +1,108 @@
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+from django.urls import reverse
+
+from runs_app.models import Run
+from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+from runs_app.web import stream
+
+
+@pytest.fixture(autouse=True)
+def _fast_stream(monkeypatch):
+    monkeypatch.setattr(stream, "STREAM_INTERVAL_SECONDS", 0.01)
+
+
+def _events(chunks: list[bytes]) -> list[tuple[str, str]]:
+    """(event name, data) of every event in a stream."""
+    found = []
+    for block in b"".join(chunks).decode().split("\n\n"):
+        lines = block.splitlines()
+        names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
+        if names:
+            found.append(
+                (names[0], "\n".join(line[len("data: ") :] for line in lines if line.startswith("data: ")))
+            )
+    return found
+
+
+@pytest.mark.django_db
+def test_it_streams_one_update_and_ends_for_a_finished_run(member_client):
+    run = finish_run(launched_run())
+
+    response = member_client.get(reverse("run_stream", args=[run.pk]))
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    events = _events(list(response.streaming_content))  # ends by itself: the run is final
+    assert [name for name, _ in events] == ["update", "done"]
+    assert 'data-testid="percent">100%' in events[0][1]
+    assert events[0][1].count('hx-swap-oob="true"') == 3
+
+
+@pytest.mark.django_db
+def test_it_sends_updates_while_the_run_changes_and_stops_when_it_ends(member_client):
+    run = launched_run()
+    response = member_client.get(reverse("run_stream", args=[run.pk]))
+    stream = iter(response.streaming_content)
+
+    first = [next(stream), next(stream)]  # the retry hint, then the state at connection time
+    finish_trial(run.trials.order_by("pk").first(), "passed")
+    run.refresh_counts()
+    second = next(stream)
+    finish_run(run)
+    rest = list(stream)
+
+    assert first[0].startswith(b"retry: ")
+    assert 'data-count="passed">0<' in _events(first)[0][1]
+    assert 'data-count="passed">1<' in _events([second])[0][1]
+    assert [name for name, _ in _events(rest)] == ["update", "done"]
+
+
+@pytest.mark.django_db
+def test_it_sends_nothing_when_the_run_did_not_change():
+    run = launched_run()
+
+    html, state = stream.run_stream_update(run.pk, None)
+    again, same = stream.run_stream_update(run.pk, state)
+    Run.objects.filter(pk=run.pk).update(n_running=1)
+    changed, newer = stream.run_stream_update(run.pk, same)
+
+    assert html and 'id="run-progress"' in html
+    assert again is None and same == state and not state.final
+    assert changed and newer.n_running == 1
+
+
+@pytest.mark.django_db
+def test_it_ends_the_stream_when_the_run_is_deleted():
+    run = launched_run()
+    run_id = run.pk
+    run.trials.all().delete()
+    run.delete()
+
+    assert stream.run_stream_update(run_id, None) == (None, None)
+
+
+def test_it_puts_every_line_of_a_fragment_in_its_own_data_field():
+    assert stream.sse_event("update", "<a>\n<b>") == b"event: update\ndata: <a>\ndata: <b>\n\n"
+    assert stream.sse_event("done", "") == b"event: done\ndata: \n\n"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_serves_the_stream_from_an_async_generator_under_asgi(member):
+    run = finish_run(launched_run())
+
+    async def fetch() -> tuple[int, str, bool, list[bytes]]:
+        client = AsyncClient()
+        await client.aforce_login(member)
+        response = await client.get(reverse("run_stream", args=[run.pk]))
+        chunks = [chunk async for chunk in response.streaming_content]
+        return response.status_code, response["Content-Type"], response.is_async, chunks
+
+    status, content_type, is_async, chunks = async_to_sync(fetch)()
+
+    assert status == 200
+    assert content_type == "text/event-stream"
+    assert is_async  # an async iterator: uvicorn sends each event as it comes
+    assert [name for name, _ in _events(chunks)] == ["update", "done"]

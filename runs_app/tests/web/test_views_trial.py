@@ -1,0 +1,135 @@
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from runs_app import control
+from runs_app.models import CriterionResult, Trial, TrialEvent
+from runs_app.templatetags.formatting import diff_lines
+from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+
+pytestmark = pytest.mark.django_db
+
+XSS = "<script>alert(1)</script>"
+DIFF = """diff --git a/app.py b/app.py
+--- a/app.py
++++ b/app.py
+@@ -1,2 +1,2 @@
+ def mean(xs):
+--- return sum(xs)
++    return sum(xs) / len(xs)
+"""
+
+
+def _trial() -> Trial:
+    run = launched_run()
+    trial = finish_trial(
+        run.trials.order_by("pk").first(), "failed", score=0.5, input_tokens=1000, output_tokens=200,
+        cost_usd=0.0123, diff=DIFF,
+        lineage={"run_limits.task_timeout": "experiment", "agent.type": "variant"},
+    )  # fmt: skip
+    CriterionResult.objects.create(
+        trial=trial, index=0, type="run_command", description="tests pass", score=0.0, passed=False,
+        details={"stdout": "1 failed", "expected": XSS},
+    )  # fmt: skip
+    events = [
+        ("phase", {"phase": "agent", "kind": "command"}),
+        ("message", {"text": f"I will fix it {XSS}"}),
+        ("tool_call", {"id": "c1", "name": "Bash", "input": {"command": f"echo '{XSS}'"}}),
+        ("tool_result", {"id": "c1", "name": "Bash", "is_error": False, "output": "needle in the output"}),
+        ("output", {"text": '<img src=x onerror="alert(1)">'}),
+        (
+            "output",
+            {
+                "step": "pre_run[0]",
+                "command": "pip install -e .",
+                "exit_code": 1,
+                "stdout": "",
+                "stderr": "boom",
+            },
+        ),
+    ]
+    TrialEvent.objects.bulk_create(
+        TrialEvent(trial=trial, seq=i + 1, at=timezone.now(), kind=kind, data=data)
+        for i, (kind, data) in enumerate(events)
+    )
+    return trial
+
+
+def test_it_sends_anonymous_visitors_to_login(client):
+    trial = _trial()
+
+    response = client.get(trial.get_absolute_url())
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+def test_it_shows_outcome_criteria_transcript_diff_and_config(member_client):
+    trial = _trial()
+
+    response = member_client.get(trial.get_absolute_url())
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "tests pass" in body and "✗ fail" in body
+    assert "needle in the output" in body
+    assert "pip install -e ." in body and "boom" in body
+    assert "$0.0123" in body and "1200" in body
+    assert '<span class="add">+    return sum(xs) / len(xs)</span>' in body
+    assert "<code>run_limits.task_timeout</code>" in body and ">experiment<" in body
+    assert f"task_id: {trial.config['task_id']}" in body  # the resolved config, as YAML
+    assert "agent:\n  type: " in body
+    assert 'id="transcript-filter"' in body
+
+
+def test_it_escapes_agent_output_everywhere(member_client):
+    trial = _trial()
+    Trial.objects.filter(pk=trial.pk).update(agent_stdout=XSS, error_message=XSS, prompt=XSS)
+
+    body = member_client.get(trial.get_absolute_url()).content.decode()
+
+    assert XSS not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "<img src=x" not in body
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in body
+
+
+def test_it_classes_each_diff_line():
+    rows = diff_lines(DIFF)
+
+    assert [css for css, _ in rows] == ["file", "file", "file", "hunk", "", "del", "add"]
+    assert diff_lines("<b>+x</b>\n+<i>") == [("", "<b>+x</b>"), ("add", "+<i>")]  # text, not markup
+    assert diff_lines(None) == []
+
+
+def test_it_links_previous_attempts_of_the_same_trial(member_client):
+    run = finish_run(launched_run(), ["error"])
+    control.retry_errors(run, control.COMMAND_LINE)
+    retried = Trial.objects.filter(run=run, is_latest=True).order_by("pk").first()
+
+    response = member_client.get(retried.get_absolute_url())
+
+    attempts = list(response.context["attempts"])
+    assert [a.pk for a in attempts] == [retried.previous_attempt_id]
+    assert response.context["trial"].attempt == 2
+    old = member_client.get(attempts[0].get_absolute_url()).content.decode()
+    assert "a later attempt replaced this one" in old
+
+
+def test_it_hides_a_trial_behind_another_runs_url(member_client):
+    trial = _trial()
+    other = launched_run()
+
+    response = member_client.get(reverse("trial_detail", args=[other.pk, trial.pk]))
+
+    assert response.status_code == 404
+
+
+def test_it_keeps_the_trial_page_query_count_flat(member_client, django_assert_max_num_queries):
+    trial = _trial()
+    member_client.get(trial.get_absolute_url())
+
+    with django_assert_max_num_queries(6):
+        response = member_client.get(trial.get_absolute_url())
+
+    assert response.status_code == 200

@@ -1,0 +1,72 @@
+"""The experiment pages that show runs: the list (with each experiment's last run), one
+experiment's page (its tasks, variants and runs) and launching a run of it.
+
+Setting an experiment up (create, edit, duplicate, YAML) is experiments_app's.
+"""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from experiments_app.forms import LaunchForm
+from experiments_app.models import Experiment
+from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.models import with_last_run
+
+TASK_PREVIEW = 12
+
+
+def get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
+    # Every signed-in member may see and launch every experiment (a team tool).
+    return get_object_or_404(Experiment.objects.select_related("baseline"), slug=slug)
+
+
+@login_required
+@require_GET
+def experiment_list(request: HttpRequest) -> HttpResponse:
+    experiments = with_last_run(Experiment.objects.prefetch_related("variants")).order_by("slug")
+    return render(request, "experiments/experiment_list.html", {"experiments": experiments})
+
+
+@login_required
+@require_GET
+def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    experiment = get_experiment_for_user(request, slug)
+    tasks = experiment.selected_tasks()
+    task_count = tasks.count()
+    variants = list(experiment.variants.order_by("position", "pk"))
+    ctx = {
+        "experiment": experiment,
+        "variants": variants,
+        # Dataset tasks fan out into one trial per row, so this is a lower bound.
+        "trials_per_run": task_count * sum(v.effective_repeats() for v in variants),
+        "task_sets": experiment.task_sets.all(),
+        "task_count": task_count,
+        "task_preview": tasks[:TASK_PREVIEW],
+        "task_more": max(0, task_count - TASK_PREVIEW),
+        "runs": experiment.runs.select_related("started_by").order_by("-created_at")[:20],
+        "launch_form": LaunchForm(),
+    }
+    return render(request, "experiments/experiment_detail.html", ctx)
+
+
+@login_required
+@require_POST
+def experiment_launch(request: HttpRequest, slug: str) -> HttpResponse:
+    experiment = get_experiment_for_user(request, slug)
+    form = LaunchForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"Launch: {field}: {' '.join(errors)}")
+        return redirect(experiment)
+    options = LaunchOptions(**{k: v for k, v in form.cleaned_data.items() if v not in (None, [])})
+    try:
+        run = launch_run(experiment, user=request.user, options=options)
+    except LaunchError as exc:
+        for problem in exc.problems[:20]:
+            messages.error(request, f"Cannot launch: {problem}")
+        return redirect(experiment)
+    messages.success(request, f"Launched run #{run.pk}: {run.n_trials} trials.")
+    return redirect(run)

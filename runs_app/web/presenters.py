@@ -1,0 +1,175 @@
+"""What the run and trial pages show, as plain rows: counts, progress and transcript lines.
+
+Agent output is untrusted: these rows carry it as plain strings, and templates render it with
+auto-escaping only (no |safe, no mark_safe).
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import yaml
+from django.db.models import Count, F, Q, Sum
+
+from experiments_app.models import Variant
+from runs_app.analysis.tally import Tally
+from runs_app.models import Run, Trial, TrialEvent
+
+
+@dataclass
+class VariantRow:
+    variant: Variant
+    total: int
+    queued: int
+    running: int
+    passed: int
+    failed: int
+    error: int
+    cancelled: int
+    tokens: int
+    cost: float
+    is_baseline: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.passed + self.failed + self.error + self.cancelled
+
+    @property
+    def tally(self) -> Tally:
+        return Tally(self.passed, self.failed, self.error)
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.tally.rate
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return self.tally.interval()
+
+    @property
+    def bar(self) -> dict | None:
+        """The interval band and the estimate as percentages, for the small inline chart."""
+        if self.interval is None:
+            return None
+        low, high = self.interval
+        return {"low": round(100 * low, 1), "width": round(100 * (high - low), 1),
+                "rate": round(100 * self.pass_rate, 1)}  # fmt: skip
+
+
+def variant_rows(run: Run) -> list[VariantRow]:
+    """Per-variant counts, tokens and cost of the run's current trials.
+
+    Grouped on the trial table alone (no join): about 3x faster at 100,000 trials on SQLite."""
+    counts = {status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values}
+    tokens = F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_creation_tokens")
+    stats = {
+        row.pop("variant_id"): row
+        for row in Trial.objects.for_run(run)
+        .current()
+        .values("variant_id")
+        .annotate(total=Count("pk"), tokens=Sum(tokens), cost=Sum("cost_usd"), **counts)
+        .order_by()
+    }
+    baseline = (run.config or {}).get("baseline")
+    variants = Variant.objects.filter(pk__in=stats).order_by("position", "pk")
+    return [
+        VariantRow(
+            variant=v,
+            **{**stats[v.pk], "tokens": stats[v.pk]["tokens"] or 0, "cost": stats[v.pk]["cost"] or 0.0},
+            is_baseline=v.slug == baseline,
+        )
+        for v in variants
+    ]
+
+
+def run_progress_numbers(run: Run, now: datetime) -> dict:
+    """Percentages for the progress bar, elapsed time and a linear ETA."""
+    total = run.n_trials
+    done = run.n_done
+
+    def share(n: int) -> float:
+        return round(100 * n / total, 2) if total else 0.0
+
+    started = run.started_at or run.created_at
+    elapsed = (run.finished_at or now) - started if started else None
+    eta = None
+    if elapsed is not None and done and not run.is_final and done < total:
+        eta = elapsed * ((total - done) / done)
+    return {
+        "percent": int(100 * done / total) if total else (100 if run.is_final else 0),
+        "segments": [
+            (status, share(getattr(run, f"n_{status}")))
+            for status in ("passed", "failed", "error", "cancelled", "running")
+        ],  # fmt: skip
+        "elapsed": elapsed,
+        "eta": eta,
+        "started": started,
+    }
+
+
+@dataclass
+class EventRow:
+    """One transcript line, ready to show: every field is plain text (escaped when rendered)."""
+
+    seq: int
+    at: datetime
+    kind: str
+    title: str
+    text: str = ""
+    body: str = ""
+    css: str = ""
+
+
+def as_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=False).strip()
+
+
+def _usage_part(key: str, value) -> str:
+    if "usd" in key and isinstance(value, int | float):
+        return f"cost ${value:.4f}"
+    return f"{key.replace('_', ' ')} {value}"
+
+
+def event_row(event: TrialEvent) -> EventRow:
+    """How one event reads in the transcript; long parts go in `body`, shown collapsed."""
+    data = event.data if isinstance(event.data, dict) else {"value": event.data}
+    row = EventRow(event.seq, event.at, event.kind, event.kind.replace("_", " "))
+    kind = event.kind
+    if kind == TrialEvent.Kind.PHASE:
+        row.title = str(data.get("phase", "phase"))
+        row.text = ", ".join(f"{k}: {v}" for k, v in data.items() if k != "phase" and v not in ("", None))
+    elif kind == TrialEvent.Kind.MESSAGE:
+        thinking = bool(data.get("thinking") or data.get("reasoning"))
+        row.title, row.text = ("thinking" if thinking else "agent"), as_text(data.get("text", ""))
+        row.css = "thinking" if thinking else ""
+    elif kind == TrialEvent.Kind.TOOL_CALL:
+        tool_input = data.get("input") or {}
+        preview = tool_input.get("command") if isinstance(tool_input, dict) else None
+        row.title, row.text = str(data.get("name", "tool")), as_text(preview or tool_input)[:200]
+        row.body = as_text(tool_input)
+    elif kind == TrialEvent.Kind.TOOL_RESULT:
+        row.title = f"{data.get('name', 'tool')} result" + (" (error)" if data.get("is_error") else "")
+        row.body = as_text(data.get("output", ""))
+        row.text = row.body[:200]
+        row.css = "is-error" if data.get("is_error") else ""
+    elif kind == TrialEvent.Kind.OUTPUT and "command" in data:
+        row.title = f"{data.get('step', 'command')}: {data.get('command', '')}"
+        row.text = "timed out" if data.get("timed_out") else f"exit {data.get('exit_code')}"
+        row.body = (
+            "\n".join(part for part in (data.get("stdout", ""), data.get("stderr", "")) if part)
+            or "(no output)"
+        )
+    elif kind == TrialEvent.Kind.USAGE:
+        parts = [_usage_part(k, v) for k, v in data.items() if v not in (None, 0, "")]
+        row.text = " · ".join(parts) or "nothing reported"
+    elif kind == TrialEvent.Kind.ERROR:
+        row.title = str(data.get("category") or "error")
+        row.text = as_text(data.get("message", data))
+    else:  # output lines, system notes, anything new
+        text = data.get("text") or data.get("message")
+        row.title = str(data.get("subtype") or kind)
+        row.text = as_text(text) if text is not None else ""
+        rest = {k: v for k, v in data.items() if k not in ("text", "message", "subtype")}
+        row.body = as_text(rest) if rest and kind != TrialEvent.Kind.OUTPUT else ""
+    return row

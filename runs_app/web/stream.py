@@ -1,0 +1,145 @@
+"""The run page's live updates: one Server-Sent Events stream, and the polling fallback.
+
+Each check sends the page's live fragments (progress, variants, trials) as out-of-band swaps
+when the run's counts or status changed; the stream ends once the run is final.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import NamedTuple
+
+from asgiref.sync import sync_to_async
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_GET
+
+from runs_app.models import Run
+from runs_app.web.runs import get_run_for_user, run_context, trial_filters
+
+STREAM_INTERVAL_SECONDS = 0.5
+# A comment line now and then lets proxies keep the connection and lets a WSGI server notice
+# a browser that left (the write fails).
+STREAM_KEEPALIVE_SECONDS = 15.0
+# One connection's lifetime; the browser reconnects by itself, so a tab left open holds no
+# server thread for hours.
+STREAM_MAX_SECONDS = 600.0
+
+
+class StreamState(NamedTuple):
+    status: str
+    n_trials: int
+    n_queued: int
+    n_running: int
+    n_passed: int
+    n_failed: int
+    n_error: int
+    n_cancelled: int
+
+    @property
+    def final(self) -> bool:
+        return self.status in (Run.Status.FINISHED, Run.Status.CANCELLED)
+
+
+def run_stream_update(
+    run_id: int,
+    last_state: StreamState | None,
+    filters: dict | None = None,
+    request: HttpRequest | None = None,
+) -> tuple[str | None, StreamState | None]:
+    """One check of the run page's stream: the out-of-band fragments to send when the run's
+    counts or status changed since `last_state` (None when nothing changed), and the new state.
+    The state is None when the run no longer exists."""
+    row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
+    if row is None:
+        return None, None
+    state = StreamState(*row)
+    if state == last_state:
+        return None, state
+    run = Run.objects.select_related("experiment").get(pk=run_id)
+    ctx = {**run_context(run, filters or {}), "oob": True}
+    return render_to_string("runs/run_detail.html#live", ctx, request=request), state
+
+
+def sse_event(name: str, data: str) -> bytes:
+    """One Server-Sent Event; every line of `data` gets its own `data:` field."""
+    lines = "".join(f"data: {line}\n" for line in (data.splitlines() or [""]))
+    return f"event: {name}\n{lines}\n".encode()
+
+
+class RunStream:
+    """The run page's event stream, one check at a time, for the sync (WSGI) and async (ASGI)
+    generators below: it ends once the run is final."""
+
+    def __init__(self, run_id: int, filters: dict, request: HttpRequest | None = None):
+        self.run_id, self.filters, self.request = run_id, filters, request
+        self.state: StreamState | None = None
+        self.done = False
+        self.started = self.last_sent = time.monotonic()
+
+    def step(self) -> bytes:
+        html, self.state = run_stream_update(self.run_id, self.state, self.filters, self.request)
+        now = time.monotonic()
+        out = b""
+        if html is not None:
+            out, self.last_sent = sse_event("update", html), now
+        if self.state is None or self.state.final:
+            # The page closes its EventSource on "done"; otherwise it would reconnect forever.
+            out += sse_event("done", "end")
+            self.done = True
+        elif now - self.started > STREAM_MAX_SECONDS:
+            self.done = True
+        elif not out and now - self.last_sent > STREAM_KEEPALIVE_SECONDS:
+            out, self.last_sent = b": keep-alive\n\n", now
+        return out
+
+
+def _sync_events(stream: RunStream) -> Iterator[bytes]:
+    yield b"retry: 2000\n\n"
+    while True:
+        chunk = stream.step()
+        if chunk:
+            yield chunk
+        if stream.done:
+            return
+        time.sleep(STREAM_INTERVAL_SECONDS)
+
+
+async def _async_events(stream: RunStream) -> AsyncIterator[bytes]:
+    step = sync_to_async(stream.step)  # the ORM is sync: one short thread hop per check
+    yield b"retry: 2000\n\n"
+    while True:
+        chunk = await step()
+        if chunk:
+            yield chunk
+        if stream.done:
+            return
+        await asyncio.sleep(STREAM_INTERVAL_SECONDS)
+
+
+@login_required
+@require_GET
+def run_stream(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
+    """The run page's one stream. Under ASGI (uvicorn) an async generator, so a waiting stream
+    holds no thread; under WSGI (the dev server, the test client) a sync one. Each server
+    would otherwise read the other kind to its end before sending anything."""
+    run = get_run_for_user(request, run_id)
+    _, filters = trial_filters(request)
+    stream = RunStream(run.pk, filters, request)
+    events = _async_events(stream) if isinstance(request, ASGIRequest) else _sync_events(stream)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx would buffer the stream
+    return response
+
+
+@login_required
+@require_GET
+def run_progress(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Polling fallback when the stream is unavailable: the same fragments; 286 stops htmx polling."""
+    run = get_run_for_user(request, run_id)
+    _, filters = trial_filters(request)
+    html, state = run_stream_update(run.pk, None, filters, request)
+    return HttpResponse(html, status=286 if state is None or state.final else 200)

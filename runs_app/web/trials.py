@@ -1,0 +1,48 @@
+"""The trial page: criteria, the transcript, the diff, timings, the resolved config, attempts."""
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from runs_app.models import Trial
+from runs_app.web.presenters import as_text, event_row
+
+TRANSCRIPT_LIMIT = 2000
+
+
+@login_required
+@require_GET
+def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpResponse:
+    trial = get_object_or_404(
+        Trial.objects.select_related("run__experiment", "variant", "task_version__task"),
+        pk=trial_id,
+        run_id=run_id,
+    )
+    events = list(trial.events.all()[: TRANSCRIPT_LIMIT + 1])
+    attempts = (
+        Trial.objects.filter(
+            run_id=trial.run_id,
+            task_version_id=trial.task_version_id,
+            variant_id=trial.variant_id,
+            replicate=trial.replicate,
+            dataset_row_id=trial.dataset_row_id,
+        )  # fmt: skip
+        .exclude(pk=trial.pk)
+        .only("run_id", "status", "attempt", "is_latest", "finished_at", "error_category", "error_message")
+        .order_by("-attempt", "-pk")
+    )
+    ctx = {
+        "trial": trial,
+        "run": trial.run,
+        "criteria": trial.criterion_results.all(),
+        "events": [event_row(e) for e in events[:TRANSCRIPT_LIMIT]],
+        "events_truncated": len(events) > TRANSCRIPT_LIMIT,
+        "attempts": attempts,
+        "config_yaml": as_text(trial.config) if trial.config else "",
+        "lineage": sorted(trial.lineage.items()),
+        "run_url": reverse("run_detail", args=[trial.run_id]),
+        "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,
+    }
+    return render(request, "runs/trial_detail.html", ctx)

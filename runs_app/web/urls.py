@@ -1,0 +1,26 @@
+"""Every page of runs_app (evalsite/urls.py includes experiments_app's set-up pages first)."""
+
+from django.urls import path
+
+from runs_app.web import account, compare, experiments, runs, stream, trials
+
+urlpatterns = [
+    path("", runs.home, name="home"),
+    path("runs/", runs.run_list, name="run_list"),
+    path("runs/<int:run_id>/", runs.run_detail, name="run_detail"),
+    path("runs/<int:run_id>/stream/", stream.run_stream, name="run_stream"),
+    path("runs/<int:run_id>/progress/", stream.run_progress, name="run_progress"),
+    path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
+    path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
+    path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
+    # Comparison pages; `?format=csv|json&table=summary|trials` on either gives the downloads.
+    path("runs/<int:run_id>/compare/", compare.run_compare, name="run_compare"),
+    path("experiments/", experiments.experiment_list, name="experiment_list"),
+    path("experiments/<slug:slug>/", experiments.experiment_detail, name="experiment_detail"),
+    path("experiments/<slug:slug>/launch/", experiments.experiment_launch, name="experiment_launch"),
+    path("experiments/<slug:slug>/compare/", compare.experiment_compare, name="experiment_compare"),
+    path("account/", account.account_settings, name="account_settings"),
+    path("account/tokens/", account.token_create, name="token_create"),
+    path("account/tokens/<int:token_id>/revoke/", account.token_revoke, name="token_revoke"),
+]
