@@ -63,11 +63,14 @@ worker: install
 test: install-dev agents browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]).
 lint: install-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: install-dev
 	$(PY) -m ruff check --fix .

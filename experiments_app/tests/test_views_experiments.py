@@ -4,8 +4,7 @@ from django.urls import reverse
 
 from experiments_app.definitions import experiment_spec_data, import_experiment
 from experiments_app.models import Experiment, Variant
-from runs_app.models import Run
-from runs_app.tests.web.test_views_support import launched_run, smoke_experiment
+from experiments_app.tests.factories import smoke_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +51,7 @@ def _post_data_of(response) -> dict:
     return data
 
 
-@pytest.mark.parametrize("url", ["experiment_list", "experiment_create", "experiment_matching_tasks"])
+@pytest.mark.parametrize("url", ["experiment_create", "experiment_matching_tasks"])
 def test_it_sends_anonymous_visitors_to_login(client, url):
     response = client.get(reverse(url))
 
@@ -60,7 +59,7 @@ def test_it_sends_anonymous_visitors_to_login(client, url):
     assert response["Location"].startswith(reverse("login"))
 
 
-@pytest.mark.parametrize("name", ["experiment_launch", "experiment_duplicate", "experiment_edit"])
+@pytest.mark.parametrize("name", ["experiment_duplicate", "experiment_edit"])
 def test_it_does_not_let_anonymous_visitors_change_anything(client, name):
     smoke_experiment()
 
@@ -68,35 +67,8 @@ def test_it_does_not_let_anonymous_visitors_change_anything(client, name):
 
     assert response.status_code == 302
     assert response["Location"].startswith(reverse("login"))
-    assert Experiment.objects.count() == 1 and not Run.objects.exists()
+    assert Experiment.objects.count() == 1
     assert Experiment.objects.get().description != "changed"
-
-
-def test_it_lists_experiments_with_their_last_run(member_client, django_assert_max_num_queries):
-    experiment = smoke_experiment()
-    run = launched_run(experiment=experiment)
-    for slug in ("alpha", "beta", "gamma"):
-        Experiment.objects.create(slug=slug)
-    member_client.get(reverse("experiment_list"))
-
-    with django_assert_max_num_queries(4):
-        response = member_client.get(reverse("experiment_list"))
-
-    rows = {e.slug: e for e in response.context["experiments"]}
-    assert rows["smoke"].last_run_pk == run.pk
-    assert b"reference" in response.content and b"never run" in response.content
-
-
-def test_it_shows_an_experiment_with_its_tasks_variants_and_runs(member_client):
-    run = launched_run()
-
-    response = member_client.get(reverse("experiment_detail", args=["smoke"]))
-
-    assert response.status_code == 200
-    assert response.context["task_count"] == 3
-    assert response.context["trials_per_run"] == 3 * 2  # tasks × variants × one repeat
-    assert b"baseline" in response.content
-    assert run.get_absolute_url().encode() in response.content
 
 
 def test_it_lets_a_member_create_an_experiment_with_two_variants(member_client, member):
@@ -194,19 +166,6 @@ def test_it_edits_an_imported_experiment_without_losing_what_the_form_does_not_s
     assert {**after, "description": before["description"]} == before
 
 
-def test_it_refuses_to_remove_a_variant_that_has_runs(member_client):
-    launched_run()
-    page = member_client.get(reverse("experiment_edit", args=["smoke"]))
-    data = _post_data_of(page)
-    data["variants-1-DELETE"] = "on"
-
-    response = member_client.post(reverse("experiment_edit", args=["smoke"]), data)
-
-    assert response.status_code == 200
-    assert "has runs, so it cannot be deleted" in str(response.context["formset"][1].non_field_errors())
-    assert Variant.objects.filter(experiment__slug="smoke").count() == 2
-
-
 def test_it_counts_the_matching_tasks_live(member_client):
     smoke_experiment()
     url = reverse("experiment_matching_tasks")
@@ -258,37 +217,3 @@ def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_clien
     assert experiment_spec_data(imported) == before
     assert before["variants"][1]["prompt_mutations"] == [{"type": "suffix", "content": "Run the tests."}]
     assert before["gates"][0]["variant"] == "reference"
-
-
-def test_it_launches_a_run_and_lands_on_its_page(member_client, member):
-    smoke_experiment()
-
-    response = member_client.post(reverse("experiment_launch", args=["smoke"]))
-
-    run = Run.objects.get()
-    assert response["Location"] == run.get_absolute_url()
-    assert run.n_trials == 6 and run.started_by == member
-
-
-def test_it_launches_with_one_off_changes(member_client):
-    smoke_experiment()
-
-    member_client.post(
-        reverse("experiment_launch", args=["smoke"]),
-        {"repeats": "2", "sample": "1", "overrides": "run_limits.task_timeout=120\n"},
-    )
-
-    run = Run.objects.get()
-    assert run.n_trials == 1 * 2 * 2  # one task × two variants × two repeats
-    assert run.overrides == ["run_limits.task_timeout=120"]
-
-
-def test_it_shows_why_a_launch_failed(member_client):
-    experiment = smoke_experiment()
-    experiment.include_tags = ["no-such-tag"]
-    experiment.save(update_fields=["include_tags"])
-
-    response = member_client.post(reverse("experiment_launch", args=["smoke"]), follow=True)
-
-    assert not Run.objects.exists()
-    assert b"Cannot launch: experiment smoke selects no tasks" in response.content

@@ -2,7 +2,7 @@ import pytest
 from django.urls import reverse
 
 from experiments_app.models import Task, TaskSet
-from runs_app.tests.web.test_views_support import smoke_experiment
+from experiments_app.tests.factories import smoke_experiment
 
 pytestmark = pytest.mark.django_db
 

@@ -97,3 +97,93 @@ def test_a_launch_refuses_more_trials_than_the_cap(run, settings):
     with pytest.raises(LaunchError, match="more than 10 trials"):
         launch_run(run.experiment, options=LaunchOptions(repeats=1_000_000_000))
     assert Run.objects.count() == 1
+
+
+# --- who may control a run, and historical runs --------------------------------------------------
+
+
+@pytest.fixture
+def historical():
+    """An imported coder-eval run (read-only) with one errored trial."""
+    from runs_app.tests.test_coder_eval_import import RUNS, import_run
+
+    run = import_run(RUNS / "ab")
+    Trial.objects.filter(pk=Trial.objects.filter(run=run).first().pk).update(status=Trial.Status.ERROR)
+    run.refresh_counts()
+    return run
+
+
+@pytest.mark.parametrize("action", [control.retry_errors, control.resume_run, control.cancel_run])
+def test_it_refuses_to_retry_resume_or_cancel_a_historical_run(historical, admin_user, action):
+    for who in (admin_user, control.COMMAND_LINE):
+        with pytest.raises(control.ControlRefused, match=r"imported from coder-eval and is read-only"):
+            action(historical, who)
+
+    historical.refresh_from_db()
+    assert historical.status == Run.Status.FINISHED and historical.finished_at is not None
+    assert (historical.n_error, Trial.objects.filter(run=historical).count()) == (1, 12)
+
+
+def test_the_pages_the_api_and_the_command_line_say_why_a_historical_run_stays_as_it_is(
+    historical, admin_client, admin_user
+):
+    from django.core.management import CommandError, call_command
+    from django.urls import reverse
+
+    from runs_app.tokens import create_token
+
+    page = admin_client.post(reverse("run_retry", args=[historical.pk]), follow=True)
+    _, token = create_token(admin_user, "ci")
+    api = admin_client.post(
+        f"/api/runs/{historical.pk}/retry-errors", headers={"Authorization": f"Bearer {token}"}
+    )
+    with pytest.raises(CommandError, match="read-only") as cli:
+        call_command("evalrun", "--resume", str(historical.pk))
+
+    assert b"imported from coder-eval and is read-only" in page.content
+    assert api.status_code == 409 and "read-only" in api.json()["detail"]
+    assert cli.value.returncode == 2
+    historical.refresh_from_db()
+    assert historical.status == Run.Status.FINISHED
+
+
+def test_only_the_starter_or_staff_may_control_a_run(run, member, outsider, admin_user):
+    Run.objects.filter(pk=run.pk).update(started_by=member)
+    run.refresh_from_db()
+
+    with pytest.raises(control.ControlRefused, match="only the person who started") as refused:
+        control.cancel_run(run, outsider)
+    assert refused.value.forbidden
+    control.ensure_controllable(run, member)
+    control.ensure_controllable(run, admin_user)
+    assert not Run.objects.get(pk=run.pk).cancel_requested
+
+
+def test_control_sends_the_celery_tasks_by_their_registered_names():
+    from runs_app import tasks
+
+    assert tasks.execute_trial.name == control.EXECUTE_TRIAL
+    assert tasks.dispatch_run.name == control.DISPATCH_RUN
+
+
+def test_a_finishing_run_is_summarised_with_its_row_lock_released(run, monkeypatch):
+    from django.db import connection
+
+    depth_outside = len(connection.atomic_blocks)  # the test's own transaction
+    depths = []
+    judge = control._judge_gates
+
+    def spy(*args):
+        depths.append(len(connection.atomic_blocks))
+        return judge(*args)
+
+    monkeypatch.setattr(control, "_judge_gates", spy)
+    Run.objects.filter(pk=run.pk).update(gates=[{"type": "min_pass_rate", "value": 0.5}])
+    Trial.objects.filter(run=run).update(status=Trial.Status.PASSED, score=1.0)
+
+    assert control.after_trial(run.pk) is None
+
+    run.refresh_from_db()
+    assert depths == [depth_outside]
+    assert run.status == Run.Status.FINISHED and run.gates_passed is True
+    assert run.gate_results[0]["passed"]

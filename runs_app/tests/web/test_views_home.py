@@ -3,7 +3,7 @@ from django.urls import reverse
 
 from experiments_app.models import Experiment
 from runs_app.models import Run
-from runs_app.tests.web.test_views_support import finish_run, launched_run, smoke_experiment
+from runs_app.tests.web.builders import finish_run, launched_run, smoke_experiment
 
 pytestmark = pytest.mark.django_db
 

@@ -3,7 +3,7 @@ from django.test import Client
 from django.urls import reverse
 
 from runs_app.models import Run, Trial
-from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from django.test import AsyncClient
 from django.urls import reverse
 
 from runs_app.models import Run
-from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 from runs_app.web import stream
 
 

@@ -5,7 +5,7 @@ from django.utils import timezone
 from runs_app import control
 from runs_app.models import CriterionResult, Trial, TrialEvent
 from runs_app.templatetags.formatting import diff_lines
-from runs_app.tests.web.test_views_support import finish_run, finish_trial, launched_run
+from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 
 pytestmark = pytest.mark.django_db
 

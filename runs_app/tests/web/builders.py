@@ -1,20 +1,13 @@
 """Builders shared by the dashboard view tests (no tests here)."""
 
-from django.conf import settings
 from django.utils import timezone
 
-from experiments_app.definitions import import_experiment, import_tasks
 from experiments_app.models import Experiment
+from experiments_app.tests.factories import smoke_experiment
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 
-EXAMPLES = settings.BASE_DIR / "examples"
-
-
-def smoke_experiment() -> Experiment:
-    """The example tasks (set "examples") and the `smoke` experiment: 3 tasks × 2 variants."""
-    import_tasks([EXAMPLES / "tasks"], task_set="examples")
-    return import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
+__all__ = ["finish_run", "finish_trial", "launched_run", "smoke_experiment"]
 
 
 def launched_run(user=None, experiment: Experiment | None = None) -> Run:

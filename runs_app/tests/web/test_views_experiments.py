@@ -1,0 +1,118 @@
+"""The experiment pages that show runs: the list with each last run, an experiment's page, launching."""
+
+import pytest
+from django.urls import reverse
+
+from experiments_app.models import Experiment, Variant
+from runs_app.models import Run
+from runs_app.tests.web.builders import launched_run, smoke_experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def _post_data_of(response) -> dict:
+    """What the browser would send back for an unchanged edit form."""
+    data = {}
+    forms = [
+        response.context["form"],
+        response.context["formset"].management_form,
+        *response.context["formset"],
+    ]
+    for form in forms:
+        for field in form:
+            value = field.value()
+            if value is None or field.field.disabled:
+                continue
+            data[field.html_name] = [str(v) for v in value] if isinstance(value, list) else str(value)
+    return data
+
+
+def test_it_sends_anonymous_visitors_to_login(client):
+    response = client.get(reverse("experiment_list"))
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+def test_it_does_not_let_anonymous_visitors_launch(client):
+    smoke_experiment()
+
+    response = client.post(reverse("experiment_launch", args=["smoke"]))
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+    assert not Run.objects.exists()
+
+
+def test_it_lists_experiments_with_their_last_run(member_client, django_assert_max_num_queries):
+    experiment = smoke_experiment()
+    run = launched_run(experiment=experiment)
+    for slug in ("alpha", "beta", "gamma"):
+        Experiment.objects.create(slug=slug)
+    member_client.get(reverse("experiment_list"))
+
+    with django_assert_max_num_queries(4):
+        response = member_client.get(reverse("experiment_list"))
+
+    rows = {e.slug: e for e in response.context["experiments"]}
+    assert rows["smoke"].last_run_pk == run.pk
+    assert b"reference" in response.content and b"never run" in response.content
+
+
+def test_it_shows_an_experiment_with_its_tasks_variants_and_runs(member_client):
+    run = launched_run()
+
+    response = member_client.get(reverse("experiment_detail", args=["smoke"]))
+
+    assert response.status_code == 200
+    assert response.context["task_count"] == 3
+    assert response.context["trials_per_run"] == 3 * 2  # tasks × variants × one repeat
+    assert b"baseline" in response.content
+    assert run.get_absolute_url().encode() in response.content
+
+
+def test_it_refuses_to_remove_a_variant_that_has_runs(member_client):
+    launched_run()
+    page = member_client.get(reverse("experiment_edit", args=["smoke"]))
+    data = _post_data_of(page)
+    data["variants-1-DELETE"] = "on"
+
+    response = member_client.post(reverse("experiment_edit", args=["smoke"]), data)
+
+    assert response.status_code == 200
+    assert "has runs, so it cannot be deleted" in str(response.context["formset"][1].non_field_errors())
+    assert Variant.objects.filter(experiment__slug="smoke").count() == 2
+
+
+def test_it_launches_a_run_and_lands_on_its_page(member_client, member):
+    smoke_experiment()
+
+    response = member_client.post(reverse("experiment_launch", args=["smoke"]))
+
+    run = Run.objects.get()
+    assert response["Location"] == run.get_absolute_url()
+    assert run.n_trials == 6 and run.started_by == member
+
+
+def test_it_launches_with_one_off_changes(member_client):
+    smoke_experiment()
+
+    member_client.post(
+        reverse("experiment_launch", args=["smoke"]),
+        {"repeats": "2", "sample": "1", "overrides": "run_limits.task_timeout=120\n"},
+    )
+
+    run = Run.objects.get()
+    assert run.n_trials == 1 * 2 * 2  # one task × two variants × two repeats
+    assert run.overrides == ["run_limits.task_timeout=120"]
+
+
+def test_it_shows_why_a_launch_failed(member_client):
+    experiment = smoke_experiment()
+    experiment.include_tags = ["no-such-tag"]
+    experiment.save(update_fields=["include_tags"])
+
+    response = member_client.post(reverse("experiment_launch", args=["smoke"]), follow=True)
+
+    assert not Run.objects.exists()
+    assert b"Cannot launch: experiment smoke selects no tasks" in response.content
