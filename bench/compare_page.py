@@ -226,20 +226,14 @@ def p95(values: list[float]) -> float:
 
 def time_update(run) -> list[str]:
     """Per-update cost of the run page's live stream: one call of the function the stream runs
-    each tick, runs_app.web.runs.run_stream_update, forced to render (no previous state), and one
-    tick where nothing changed. Falls back to the page's HTMX fragment if it is missing."""
+    each tick, runs_app.web.stream.run_stream_update, forced to render (no previous state), and
+    one tick where nothing changed."""
     from django.contrib.auth import get_user_model
-    from django.test import Client, RequestFactory
+    from django.test import RequestFactory
 
-    from runs_app import views
+    from runs_app.web.stream import run_stream_update as update
 
     user = get_user_model().objects.get(username="bench-compare")
-    update = getattr(views, "run_stream_update", None)
-    if update is None:
-        client = Client(headers={"HX-Request": "true"})
-        client.force_login(user)
-        timings = _timed(lambda: client.get(f"/runs/{run.pk}/"))
-        return [f"run page fragment (GET /runs/{run.pk}/, HX-Request; no stream function): {_stats(timings)}"]
     request = RequestFactory().get(f"/runs/{run.pk}/stream/")
     request.user = user
     _, state = update(run.pk, None, {}, request)

@@ -1,6 +1,6 @@
 """What every spec model shares: the base model, the cross-field error, the regex check (no Django).
 
-`specs` (tasks, layers, experiments) and `criteria_specs` (success criteria) build on it.
+`task`, `experiment`, `criteria` and `gates` build on it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One bootstrap over tasks for every arm of a comparison at once (pure, no Django).
 
-`comparison_stats.compare` calls it when a task ran more than once in an arm; the tests call it
+`analysis.compare.compare` calls it when a task ran more than once in an arm; the tests call it
 directly on small count matrices.
 """
 

@@ -1,8 +1,13 @@
 """What a comparison computes from the loaded data: pure Python, no Django, no queries.
 
-`comparison.load` reads a `ComparisonData`; `compare` turns it into a `Comparison`: per-arm
-statistics, each arm against the baseline, the heat-map rows and the warnings. The outcome rule
-is the house one (see `runs_app.analysis.load`).
+Used by the comparison pages, the command line, the reports, the API and the gates. An arm is
+one variant of one run; across several runs the same variant in two runs is two arms ("fast@12"
+and "fast@15"), so a new run compares against an old one. Tasks pair across arms by Task, not
+by version: a task that changed between runs still pairs, and a warning names it.
+
+`analysis.load.load` reads a `ComparisonData`; `compare` turns it into a `Comparison`: per-arm
+statistics, each arm against the baseline, the heat-map rows and the warnings. Outcomes are
+counted by the one rule of `analysis.tally`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""Results made elsewhere, imported as historical (read-only) runs: `coder_eval` reads the run
+folders coder-eval writes."""
