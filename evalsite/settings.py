@@ -7,7 +7,6 @@ Production sets DATABASE_URL and CELERY_BROKER_URL.
 
 import os
 import secrets
-import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -95,8 +94,12 @@ def database_from_url(name: str, url: str) -> dict:
     }
 
 
+# Whatever the web process and the workers write (database, broker folders, media, secret key,
+# sandboxes) is theirs alone: a trial's sandbox, or another user of the host, must not read it.
+os.umask(0o077)
 VAR_DIR = Path(env_str("EVALSITE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.chmod(0o700)
 
 
 def _secret_key() -> str:
@@ -270,8 +273,11 @@ CELERY_TIMEZONE = TIME_ZONE
 # A task bundle (YAML plus every referenced file), uncompressed.
 TASK_BUNDLE_MAX_BYTES = env_int("TASK_BUNDLE_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
 EXAMPLES_DIR = BASE_DIR / "examples"
-# Per-trial sandboxes. Every parent must be searchable by other users (the sandbox uid).
-SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(Path(tempfile.gettempdir()) / "evalsite-sandboxes")))
+# Per-trial sandbox folders (workspace, HOME, /tmp), outside the checkout: every parent must be
+# searchable by other users (a root worker's sandbox uid), the folder itself lists to nobody.
+SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/evalsite-sandboxes"))
+# Memory of one sandboxed command's whole process tree (cgroup), unless sandbox.limits says.
+SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 # A running trial's lease; a worker renews it every third of this. An expired lease means
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)

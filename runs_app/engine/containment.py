@@ -63,6 +63,14 @@ def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     stat = _proc_stat(pid)
     return stat is not None and stat[0] not in ("Z", "X")
@@ -309,12 +317,12 @@ def _own_cgroup(controller: str | None) -> str | None:
     return None
 
 
-def _probe_cgroup_base() -> Path | None:
-    """A folder where this worker may create per-call pids cgroups, or None."""
+def _probe_cgroup_base(controller: str = "pids") -> Path | None:
+    """A folder where this worker may create per-call cgroups of `controller`, or None."""
     for fstype, mountpoint, options in _mounts():
         own = None
-        if fstype == "cgroup" and "pids" in options:
-            own = _own_cgroup("pids")
+        if fstype == "cgroup" and controller in options:
+            own = _own_cgroup(controller)
         elif fstype == "cgroup2":
             own = _own_cgroup(None)
         if own is None:
@@ -323,7 +331,7 @@ def _probe_cgroup_base() -> Path | None:
         base = parent / "evalsite"
         try:
             if fstype == "cgroup2":
-                base = _prepare_v2_base(parent, base)
+                base = _prepare_v2_base(parent, base, controller)
             else:
                 base.mkdir(exist_ok=True)
         except OSError:
@@ -334,14 +342,17 @@ def _probe_cgroup_base() -> Path | None:
     return None
 
 
-def _prepare_v2_base(parent: Path, base: Path) -> Path | None:
-    """cgroup v2: enable `pids` for `base`'s children; fails (None) without delegation."""
-    if "pids" not in (parent / "cgroup.controllers").read_text().split():
+def _prepare_v2_base(parent: Path, base: Path, controller: str) -> Path | None:
+    """cgroup v2: enable `controller` for `base`'s children; fails (None) without delegation."""
+    if controller not in (parent / "cgroup.controllers").read_text().split():
         return None
-    (parent / "cgroup.subtree_control").write_text("+pids")
+    (parent / "cgroup.subtree_control").write_text(f"+{controller}")
     base.mkdir(exist_ok=True)
-    (base / "cgroup.subtree_control").write_text("+pids")
+    (base / "cgroup.subtree_control").write_text(f"+{controller}")
     return base
+
+
+_MEMORY_BASE: list[Path | None] = []
 
 
 def _cgroup_base() -> Path | None:
@@ -349,8 +360,19 @@ def _cgroup_base() -> Path | None:
         return None
     with _CGROUP_LOCK:
         if not _CGROUP_BASE:
-            _CGROUP_BASE.append(_probe_cgroup_base())
+            _CGROUP_BASE.append(_probe_cgroup_base("pids"))
         return _CGROUP_BASE[0]
+
+
+def _memory_base() -> Path | None:
+    """Where per-call memory cgroups go: the pids folder itself on cgroup v2, the v1 memory
+    hierarchy otherwise; None where the worker may not create them."""
+    if _cgroup_base() is None:
+        return None
+    with _CGROUP_LOCK:
+        if not _MEMORY_BASE:
+            _MEMORY_BASE.append(_probe_cgroup_base("memory"))
+        return _MEMORY_BASE[0]
 
 
 def _remove_stale_cgroups(base: Path) -> None:
@@ -362,28 +384,53 @@ def _remove_stale_cgroups(base: Path) -> None:
 
 
 class Cgroup:
-    """One per-call pids cgroup."""
+    """One call's cgroups: pids (always) and memory (when a cap is asked and the host allows it).
 
-    def __init__(self, path: Path) -> None:
+    On cgroup v2 both controllers live in one folder; on v1 each has its own hierarchy.
+    """
+
+    def __init__(self, path: Path, memory: Path | None = None) -> None:
         self.path = path
+        self.memory = memory
+
+    @property
+    def has_memory(self) -> bool:
+        return self.memory is not None
 
     @classmethod
-    def create(cls, max_tasks: int | None) -> Cgroup | None:
+    def create(cls, max_tasks: int | None, memory_bytes: int | None = None) -> Cgroup | None:
         base = _cgroup_base()
         if base is None:
             return None
-        path = base / f"{os.getpid()}-{next(_CGROUP_COUNTER)}-{secrets.token_hex(4)}"
+        name = f"{os.getpid()}-{next(_CGROUP_COUNTER)}-{secrets.token_hex(4)}"
+        path = base / name
         path.mkdir()
         cgroup = cls(path)
         try:
             (path / "pids.max").write_text("max" if max_tasks is None else str(max_tasks))
+            memory_base = _memory_base() if memory_bytes is not None else None
+            if memory_base is not None:
+                cgroup.memory = path if memory_base == base else memory_base / name
+                cgroup.memory.mkdir(exist_ok=True)
+                cgroup._cap_memory(memory_bytes)
         except OSError:
             cgroup.destroy()
             raise
         return cgroup
 
-    def open_procs(self) -> int:
-        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+    def _cap_memory(self, memory_bytes: int) -> None:
+        if (self.memory / "memory.max").exists():  # v2
+            (self.memory / "memory.max").write_text(str(memory_bytes))
+            with contextlib.suppress(OSError):
+                (self.memory / "memory.swap.max").write_text("0")
+            return
+        (self.memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        with contextlib.suppress(OSError):  # no swap accounting on some kernels
+            (self.memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+
+    def open_procs(self) -> list[int]:
+        folders = [self.path] + ([self.memory] if self.memory not in (None, self.path) else [])
+        return [os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for folder in folders]
 
     def members(self) -> set[int]:
         try:
@@ -392,24 +439,44 @@ class Cgroup:
             return set()
         return {pid for pid in map(int, text.split()) if _alive(pid)}
 
+    def memory_exhausted(self) -> bool:
+        """Whether the memory cap was hit (the kernel refused memory or killed for it)."""
+        if self.memory is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            events = self.memory / "memory.events"
+            if events.exists():  # v2
+                counts = dict(line.split() for line in events.read_text().splitlines())
+                return int(counts.get("oom_kill", 0)) > 0 or int(counts.get("max", 0)) > 0
+            if int((self.memory / "memory.failcnt").read_text()) > 0:
+                return True
+            oom = (self.memory / "memory.oom_control").read_text().splitlines()
+            return int(dict(line.split() for line in oom).get("oom_kill", 0)) > 0
+        return False
+
     def destroy(self) -> int:
-        """Kill every member, then remove the folder; the number of processes killed."""
+        """Kill every member, then remove the folders; the number of processes killed."""
         kill_file = self.path / "cgroup.kill"  # cgroup v2 >= 5.14: atomic, beats fork races
         if kill_file.exists():
             with contextlib.suppress(OSError):
                 kill_file.write_text("1")
         killed = _kill_until_gone(self.members)
-        for _ in range(100):  # a member killed a moment ago may still be leaving the cgroup
-            try:
-                self.path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY:
-                    raise
-                time.sleep(0.01)
+        for folder in [self.path] + ([self.memory] if self.memory not in (None, self.path) else []):
+            _remove_cgroup_folder(folder)
         return killed
+
+
+def _remove_cgroup_folder(folder: Path) -> None:
+    for _ in range(100):  # a member killed a moment ago may still be leaving the cgroup
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            time.sleep(0.01)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,10 +503,23 @@ class Containment:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.leader, signum)
 
+    def terminate(self) -> None:
+        """SIGTERM to the command's processes but not to bwrap's own: a signalled bwrap dies at
+        once and takes its namespace down with SIGKILL, leaving the agent no time to finish."""
+        inside = [pid for pid in self.members() if _comm(pid) != "bwrap"]
+        if not inside:
+            self.signal_group(signal.SIGTERM)
+        for pid in inside:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+
     def kill_all(self) -> int:
         killed = _kill_until_gone(self.members)  # list first, so the count is right
         self.signal_group(signal.SIGKILL)  # and the group too, in case a search missed one
         return killed
+
+    def memory_exhausted(self) -> bool:
+        return self.cgroup is not None and self.cgroup.memory_exhausted()
 
     def close(self) -> int:
         return self.cgroup.destroy() if self.cgroup is not None else 0

@@ -282,6 +282,10 @@ class TrialExecution:
             self.experiment_bundle_dir = root / "experiment"
             extract_bundle(_bundle_data(experiment["bundle"]), self.experiment_bundle_dir)
             self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
+        if self.paths.uid is not None:  # grading and agent scripts mount them for the sandbox uid
+            for bundle_dir in filter(None, (self.task_bundle_dir, self.experiment_bundle_dir)):
+                os.chown(bundle_dir, self.paths.uid, self.paths.uid)
+                workspace.chown_tree(bundle_dir, self.paths.uid, self.paths.uid)
         sources = (self.config.get("sandbox") or {}).get("template_sources") or []
         for index, source in enumerate(sources):
             bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
@@ -301,7 +305,7 @@ class TrialExecution:
 
     def run_steps(self, name: str, *, fatal: bool) -> None:
         for index, step in enumerate(self.config.get(name) or []):
-            result = self.run_command(step["command"], float(step.get("timeout", 30)))
+            result = self.run_command(step["command"], float(step.get("timeout", 30)), grading=False)
             self.recorder.add(
                 TrialEvent.Kind.OUTPUT,
                 {
@@ -318,18 +322,26 @@ class TrialExecution:
                 why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
                 raise TrialAborted(name, f"{name}[{index}] `{step['command']}` {why}: {result.stderr[-500:]}")
 
-    def run_command(self, command: str, timeout: float) -> criteria.CommandOutcome:
-        """A shell command in the workspace under process control (pre_run, post_run, criteria)."""
+    def run_command(self, command: str, timeout: float, grading: bool = True) -> criteria.CommandOutcome:
+        """A shell command in the trial's sandbox (pre_run, post_run, run_command criteria). Only
+        grading sees the task's files and reference solution (read-only): $TASK_DIR, $REFERENCE_DIR."""
         limits = sandbox.Limits(
             wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
-            **COMMAND_LIMITS,
+            memory_bytes=self._memory_bytes(), **COMMAND_LIMITS,
         )  # fmt: skip
+        mounts, extra = self._mounts(), {}
+        if grading:
+            mounts.append(sandbox.Mount(self.task_bundle_dir))
+            extra = {"TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir), **self._reference_env()}
         result = sandbox.run_process(
             command,
             cwd=self.paths.workspace,
-            env=self._env(extra=self._reference_env()),
+            env=self._env(extra=extra),
             limits=limits,
             should_stop=self.heartbeat.stop_reason,
+            mounts=mounts,
+            tmp=self.paths.tmp,
+            stage_root=self._stage_root(),
         )
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
@@ -389,6 +401,9 @@ class TrialExecution:
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
                 should_stop=should_stop,
+                mounts=self._mounts() + self._agent_mounts(agent_config),
+                tmp=self.paths.tmp,
+                stage_root=self._stage_root(),
             )
         self.agent_process_seconds = result.duration_seconds if result else 0.0
         outcome = kind.finish(result, parser, limit_hit=state["limit"])
@@ -467,6 +482,7 @@ class TrialExecution:
             script = (bundle_dir / yaml_dir / config["script"]).resolve()
             if not script.is_relative_to(bundle_dir.resolve()) or not script.is_file():
                 raise TrialAborted("setup", f"agent.script {config['script']!r} is not a file in the bundle")
+            config["script_path"] = str(script)
             command = config.get("command")
             if isinstance(command, list):
                 config["command"] = [part.replace("{script}", str(script)) for part in command]
@@ -480,16 +496,31 @@ class TrialExecution:
         wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
         if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
             wall = min(wall, float(box["timeout"]))
-        memory = box.get("max_memory_mb")
         return sandbox.Limits(
             wall_seconds=wall,
             cpu_seconds=int(wall * 4),
-            address_space_bytes=memory << 20 if memory else None,  # CLIs reserve huge virtual memory
+            memory_bytes=self._memory_bytes(),
             max_processes=box.get("max_pids") or 512,
             max_file_bytes=1 << 30,
             stdout_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES * 4,
             stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
         )
+
+    def _mounts(self) -> list[sandbox.Mount]:
+        """What every command of the trial sees besides its workspace: its HOME."""
+        return [sandbox.Mount(self.paths.home, writable=True)]
+
+    def _agent_mounts(self, agent_config: dict) -> list[sandbox.Mount]:
+        """The agent's script (agent.script), read-only: nothing else of the bundles."""
+        script = agent_config.get("script_path")
+        return [sandbox.Mount(Path(script))] if script else []
+
+    def _stage_root(self) -> Path:
+        return Path(settings.SANDBOX_ROOT) / "runtimes"
+
+    def _memory_bytes(self) -> int:
+        box = (self.config.get("sandbox") or {}).get("limits") or {}
+        return int(box.get("max_memory_mb") or settings.SANDBOX_MEMORY_MB) << 20
 
     def _reference_dir(self) -> Path | None:
         reference = self.config.get("reference") or {}

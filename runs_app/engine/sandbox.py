@@ -1,8 +1,10 @@
 """Process control for every command an agent, a criterion or a setup step runs.
 
-`run_process` starts one command in its own session and process group, with resource limits,
-capped output, live stdout lines, a wall-clock timeout and a cooperative stop, and makes sure
-that nothing it started is still running when it returns.
+`run_process` starts one command inside its namespace sandbox (`runs_app.engine.bubblewrap`:
+the command sees only the system, the runtimes and what the caller mounts, and has no network)
+in its own session and process group, with resource limits, capped output, live stdout lines,
+a wall-clock timeout and a cooperative stop, and makes sure that nothing it started is still
+running when it returns.
 
 How it finds what a command left running (a pids cgroup, a leased sandbox uid, or the session
 and an environment token), and which uid a command runs as on a root worker, is
@@ -23,10 +25,12 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runs_app.engine import bubblewrap
+from runs_app.engine.bubblewrap import Mount, SandboxUnavailable
 from runs_app.engine.containment import (
     Cgroup,
     Containment,
@@ -41,6 +45,8 @@ from runs_app.engine.containment import (
 
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
+    "Mount",
+    "SandboxUnavailable",
     "SANDBOX_ID_VAR",
     "Limits",
     "ProcessResult",
@@ -94,6 +100,8 @@ class Limits:
     address_space_bytes: int | None = None
     max_processes: int | None = 512
     max_file_bytes: int | None = None
+    # The memory cgroup's cap on the command's whole tree (RLIMIT_DATA where no cgroup can be made).
+    memory_bytes: int | None = None
     stdout_cap_bytes: int = 1 << 20
     stderr_cap_bytes: int = 256 << 10
     kill_grace_seconds: float = 2.0
@@ -123,6 +131,7 @@ class ProcessResult:
     stdout_total_bytes: int = 0
     stderr_total_bytes: int = 0
     leftovers_killed: int = 0
+    memory_exhausted: bool = False  # the memory cap was reached (allocations refused or OOM-killed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +232,7 @@ class _Capture:
         return self.kept.decode("utf-8", "replace")
 
 
-def _rlimits(limits: Limits, nproc: int | None) -> list[tuple[int, int, int]]:
+def _rlimits(limits: Limits, nproc: int | None, memory_fallback: bool) -> list[tuple[int, int, int]]:
     caps = [(resource.RLIMIT_CORE, 0, 0)]
     if limits.cpu_seconds is not None:
         # SIGXCPU at the soft limit lets the process report; SIGKILL one second later.
@@ -234,6 +243,9 @@ def _rlimits(limits: Limits, nproc: int | None) -> list[tuple[int, int, int]]:
         caps.append((resource.RLIMIT_NPROC, nproc, nproc))
     if limits.max_file_bytes is not None:
         caps.append((resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes))
+    if memory_fallback and limits.memory_bytes is not None:
+        # Without a memory cgroup: writable private memory of each process (not the tree).
+        caps.append((resource.RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes))
     return caps
 
 
@@ -250,14 +262,14 @@ def _nproc_limit(limits: Limits, identity: tuple[int, int] | None) -> int | None
 
 
 def _make_preexec(
-    identity: tuple[int, int] | None, caps: list[tuple[int, int, int]], cgroup_fd: int | None
+    identity: tuple[int, int] | None, caps: list[tuple[int, int, int]], cgroup_fds: list[int]
 ) -> Callable[[], None]:
     """Runs in the child between fork and exec: no imports, no locks, only system calls."""
     setrlimit, prctl = resource.setrlimit, _LIBC.prctl
 
     def preexec() -> None:
-        if cgroup_fd is not None:
-            os.write(cgroup_fd, b"0")  # "0" = the writing process; must happen while still root
+        for fd in cgroup_fds:
+            os.write(fd, b"0")  # "0" = the writing process; must happen while still root
         if identity is not None:
             os.setgroups([])
             os.setresgid(identity[1], identity[1], identity[1])
@@ -283,6 +295,9 @@ def run_process(
     user: int | None = None,
     use_cgroup: bool | None = None,
     max_line_bytes: int = 8 << 20,
+    mounts: Sequence[Mount] = (),
+    tmp: Path | None = None,
+    stage_root: Path | None = None,
 ) -> ProcessResult:
     """Run one command under the sandbox's control and return how it ended.
 
@@ -293,24 +308,34 @@ def run_process(
     like the wall timeout does: SIGTERM to its group, SIGKILL after `limits.kill_grace_seconds`.
     When the main process has ended, everything it left running is killed.
 
-    `user` forces the sandbox uid (root workers); `use_cgroup` False skips the pids cgroup,
-    True requires one. An exception raised by `on_stdout_line` or `should_stop` stops the command
+    The sandbox sees `cwd` (writable), `mounts`, and `tmp` as its /tmp (TMPDIR points there);
+    `stage_root` is where a root worker stages runtimes its sandbox uid cannot reach.
+    `user` forces the sandbox uid (root workers); `use_cgroup` False skips the cgroups, True
+    requires one. An exception raised by `on_stdout_line` or `should_stop` stops the command
     and is re-raised once everything is dead.
     """
     args = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
     identity = child_identity(cwd, user)
+    args = bubblewrap.command_line(
+        args, cwd=cwd, mounts=mounts, tmp=tmp,
+        stage_root=(stage_root or bubblewrap.DEFAULT_STAGE_ROOT) if identity is not None else None,
+    )  # fmt: skip
+    if tmp is not None:
+        env = {**env, "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
     exclusive = identity is not None and is_leased(identity[0])
     cgroup = None
     if use_cgroup is not False:
-        cgroup = Cgroup.create(limits.max_processes)
+        cgroup = Cgroup.create(limits.max_processes, limits.memory_bytes)
         if cgroup is None and use_cgroup:
             raise SandboxError("use_cgroup=True but this worker cannot create a pids cgroup")
     token = secrets_module.token_hex(8)
     containment = Containment(cgroup, identity[0] if exclusive and cgroup is None else None, token)
-    cgroup_fd = None
+    cgroup_fds: list[int] = []
     try:
-        cgroup_fd = cgroup.open_procs() if cgroup is not None else None
-        preexec = _make_preexec(identity, _rlimits(limits, _nproc_limit(limits, identity)), cgroup_fd)
+        cgroup_fds = cgroup.open_procs() if cgroup is not None else []
+        memory_fallback = cgroup is None or not cgroup.has_memory
+        caps = _rlimits(limits, _nproc_limit(limits, identity), memory_fallback)
+        preexec = _make_preexec(identity, caps, cgroup_fds)
         started = time.monotonic()
         proc = subprocess.Popen(
             args,
@@ -326,8 +351,8 @@ def run_process(
         containment.close()
         raise
     finally:
-        if cgroup_fd is not None:
-            os.close(cgroup_fd)
+        for fd in cgroup_fds:
+            os.close(fd)
     containment.leader = proc.pid
     supervisor = _Supervisor(
         proc, containment, limits, stdin, on_stdout_line, should_stop, poll_interval, max_line_bytes
@@ -376,6 +401,7 @@ class _Supervisor:
         self.swept = False
         self.selector = selectors.DefaultSelector()
         self.pidfd: int | None = None
+        self.memory_exhausted = False
 
     def run(self) -> None:
         for stream, capture in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
@@ -425,7 +451,7 @@ class _Supervisor:
 
     def _terminate(self, now: float) -> None:
         self.term_sent_at = now
-        self.containment.signal_group(signal.SIGTERM)
+        self.containment.terminate()
 
     def _wait_time(self, now: float, drain_deadline: float | None) -> float:
         # Only moments still ahead: a passed deadline would turn the loop into a busy spin.
@@ -476,6 +502,7 @@ class _Supervisor:
             self.proc.wait()
         if not self.swept:
             self.leftovers += self.containment.kill_all()
+        self.memory_exhausted = self.containment.memory_exhausted()
         self.leftovers += self.containment.close()
         self.selector.close()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
@@ -488,6 +515,8 @@ class _Supervisor:
 
     def result(self, duration: float) -> ProcessResult:
         code = self.proc.returncode
+        if 128 < code < 128 + signal.NSIG:
+            code = 128 - code  # bwrap exits 128 + N when a signal N ended the command, as shells do
         return ProcessResult(
             exit_code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
@@ -503,6 +532,7 @@ class _Supervisor:
             stdout_total_bytes=self.out.total,
             stderr_total_bytes=self.err.total,
             leftovers_killed=self.leftovers,
+            memory_exhausted=self.memory_exhausted,
         )
 
 

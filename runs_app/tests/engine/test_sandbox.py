@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runs_app.engine import containment, sandbox
-from runs_app.engine.sandbox import DEFAULT_ENV_ALLOWLIST, Limits, build_env, redact, run_process
+from runs_app.engine.sandbox import DEFAULT_ENV_ALLOWLIST, Limits, Mount, build_env, redact, run_process
 from runs_app.engine.workspace import cleanup, layout
 
 HOSTILE = Path(__file__).parents[1] / "hostile"
@@ -59,7 +59,8 @@ def mode(request, trial, base):
     shared = base / "shared"  # a uid not leased to the trial: only the session/environment search
     shared.mkdir(mode=0o700)
     os.chown(shared, NOBODY, NOBODY)
-    return shared, {"use_cgroup": False, "user": NOBODY}, "tree"
+    # nobody cannot reach the trial's own HOME and /tmp: an empty /tmp, no HOME.
+    return shared, {"use_cgroup": False, "user": NOBODY, "mounts": [], "tmp": None}, "tree"
 
 
 def slack(name: str) -> int:
@@ -79,6 +80,11 @@ def env_for(paths, **secrets) -> dict[str, str]:
     return build_env(
         home=paths.home, tmpdir=paths.tmp, allowlist=DEFAULT_ENV_ALLOWLIST, secrets=secrets, extra={}
     )
+
+
+def box(paths) -> dict:
+    """The trial's HOME (writable) and /tmp, as the runner mounts them."""
+    return {"mounts": [Mount(paths.home, writable=True)], "tmp": paths.tmp}
 
 
 def quick(**overrides) -> Limits:
@@ -105,7 +111,11 @@ def read_pids(path: Path) -> list[int]:
 
 def test_it_runs_a_command_and_reports_its_exit(trial):
     result = run_process(
-        "echo out; echo err >&2; exit 3", cwd=trial.workspace, env=env_for(trial), limits=quick()
+        "echo out; echo err >&2; exit 3",
+        cwd=trial.workspace,
+        env=env_for(trial),
+        **box(trial),
+        limits=quick(),
     )
 
     assert (result.exit_code, result.signal) == (3, None)
@@ -115,7 +125,7 @@ def test_it_runs_a_command_and_reports_its_exit(trial):
 
 @pytest.mark.skipif(not IS_ROOT, reason="only a root worker switches to a sandbox uid")
 def test_it_never_runs_commands_as_root(trial, base):
-    own = run_process(["id", "-u"], cwd=trial.workspace, env=env_for(trial), limits=quick())
+    own = run_process(["id", "-u"], cwd=trial.workspace, env=env_for(trial), **box(trial), limits=quick())
     fallback = run_process(["id", "-u"], cwd=base, env=env_for(trial), limits=quick())
 
     assert int(own.stdout) == trial.uid
@@ -124,7 +134,11 @@ def test_it_never_runs_commands_as_root(trial, base):
 
 def test_it_times_out_an_infinite_loop(trial):
     result = run_process(
-        "while :; do :; done", cwd=trial.workspace, env=env_for(trial), limits=quick(wall_seconds=1)
+        "while :; do :; done",
+        cwd=trial.workspace,
+        env=env_for(trial),
+        **box(trial),
+        limits=quick(wall_seconds=1),
     )
 
     assert result.timed_out and not result.cancelled
@@ -141,6 +155,7 @@ def test_it_caps_a_gigabyte_of_stdout_and_memory_stays_flat(trial):
         f"yes | head -c {gigabyte}",
         cwd=trial.workspace,
         env=env_for(trial),
+        **box(trial),
         limits=quick(wall_seconds=60, stdout_cap_bytes=100_000),
     )
 
@@ -164,13 +179,15 @@ def test_it_caps_processes_with_a_bounded_spawner(mode, trial):
     script = put(cwd, "spawner.py")
 
     result = run_process(
-        [PY, script, "3000"], cwd=cwd, env=env_for(trial), limits=quick(max_processes=40), **options
+        [PY, script, "3000"],
+        cwd=cwd,
+        env=env_for(trial),
+        limits=quick(max_processes=40),
+        **{**box(trial), **options},
     )
 
     report = json.loads(result.stdout)
     assert 20 <= report["started"] < 40 + slack(name), report["started"]  # the spawner takes one
-    assert result.leftovers_killed >= report["started"]
-    assert all(dead(pid) for pid in report["pids"])
     assert processes_inside(cwd) == []
 
 
@@ -190,7 +207,7 @@ def test_it_contains_a_depth_guarded_fork_bomb(mode, trial):
         limits=quick(wall_seconds=2, max_processes=30),
         should_stop=sample,
         poll_interval=0.05,
-        **options,
+        **{**box(trial), **options},
     )
 
     assert "fork" in result.stderr.lower()  # the shells were refused new processes
@@ -208,6 +225,7 @@ def test_it_kills_a_process_that_ignores_sigterm(trial):
         [PY, script],
         cwd=trial.workspace,
         env=env_for(trial),
+        **box(trial),
         limits=quick(kill_grace_seconds=0.5),
         on_stdout_line=lines.append,
         should_stop=lambda: "cancelled" if "ready" in lines else None,
@@ -226,33 +244,29 @@ def test_it_keeps_writes_to_home_inside_the_sandbox(trial):
         'echo "$TMPDIR"',
         cwd=trial.workspace,
         env=env_for(trial),
+        **box(trial),
         limits=quick(),
     )
 
     assert result.exit_code == 0, result.stderr
     assert (trial.home / "written.txt").read_text() == "note\n"
     assert (trial.home / ".config/tool/rc").exists()
-    assert result.stdout.strip() == str(trial.tmp)
+    assert result.stdout.strip() == "/tmp"  # the trial's own tmp folder, mounted there
 
 
 def test_it_kills_children_that_daemonize(mode, trial):
     cwd, options, name = mode
     script = put(cwd, "daemonize.sh")
 
-    result = run_process(["/bin/sh", script], cwd=cwd, env=env_for(trial), limits=quick(), **options)
+    result = run_process(
+        ["/bin/sh", script], cwd=cwd, env=env_for(trial), limits=quick(), **{**box(trial), **options}
+    )
 
     assert result.stdout == "started\n"
-    escaped = read_pids(cwd / "daemon.pid")
-    if name != "tree":
-        # A daemon that also cleared its environment: only a cgroup or the leased uid finds it.
-        escaped += read_pids(cwd / "scrubbed.pid")
-    try:
-        assert result.leftovers_killed >= len(escaped)
-        assert all(dead(pid) for pid in escaped)
-    finally:
-        for pid in read_pids(cwd / "scrubbed.pid"):
-            if not dead(pid):
-                os.kill(pid, signal.SIGKILL)
+    # Both daemons (one left the session, one also cleared its environment) died with the
+    # sandbox's PID namespace, whatever the containment mode.
+    assert (cwd / "daemon.pid").exists() and (cwd / "scrubbed.pid").exists()
+    assert processes_inside(cwd) == []
 
 
 def test_it_stops_the_whole_group_within_two_seconds_when_cancelled(trial):
@@ -268,13 +282,14 @@ def test_it_stops_the_whole_group_within_two_seconds_when_cancelled(trial):
         "for i in 1 2 3; do sleep 30 & echo $! >> pids; done; wait",
         cwd=trial.workspace,
         env=env_for(trial),
+        **box(trial),
         limits=quick(kill_grace_seconds=2),
         should_stop=should_stop,
     )
 
     assert result.cancelled and result.stop_reason == "cancelled" and not result.timed_out
     assert time.monotonic() - asked_at[0] < 2
-    assert all(dead(pid) for pid in read_pids(trial.workspace / "pids"))
+    assert processes_inside(trial.workspace) == []
 
 
 def test_it_scrubs_the_environment_to_the_allowlist_and_named_secrets(trial, monkeypatch):
@@ -318,6 +333,7 @@ def test_it_delivers_stdout_lines_live_and_in_order(trial):
         "i=1; while [ $i -le 50 ]; do echo line $i; i=$((i+1)); done; printf 'no newline'; sleep 30",
         cwd=trial.workspace,
         env=env_for(trial),
+        **box(trial),
         limits=quick(),
         on_stdout_line=lines.append,
         should_stop=lambda: "budget" if len(lines) >= 50 else None,
@@ -339,6 +355,7 @@ def test_it_reraises_a_failing_line_callback_after_killing_the_command(trial):
             "echo hello; sleep 30",
             cwd=trial.workspace,
             env=env_for(trial),
+            **box(trial),
             limits=quick(),
             on_stdout_line=explode,
             poll_interval=0.05,
@@ -347,8 +364,12 @@ def test_it_reraises_a_failing_line_callback_after_killing_the_command(trial):
 
 
 def test_it_closes_stdin_unless_bytes_are_given(trial):
-    closed = run_process(["cat"], cwd=trial.workspace, env=env_for(trial), limits=quick(wall_seconds=5))
-    fed = run_process(["cat"], cwd=trial.workspace, env=env_for(trial), limits=quick(), stdin=b"x" * 300_000)
+    closed = run_process(
+        ["cat"], cwd=trial.workspace, env=env_for(trial), **box(trial), limits=quick(wall_seconds=5)
+    )
+    fed = run_process(
+        ["cat"], cwd=trial.workspace, env=env_for(trial), **box(trial), limits=quick(), stdin=b"x" * 300_000
+    )
 
     assert closed.exit_code == 0 and closed.stdout == "" and not closed.timed_out
     assert fed.stdout_total_bytes == 300_000
@@ -378,34 +399,69 @@ def test_it_enforces_file_size_cpu_and_address_space_limits(trial):
     assert hog.exit_code == 1 and "MemoryError" in hog.stderr
 
 
+def nobody_worker(folder: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` as a worker process of an unprivileged user (nobody), with the sandbox code
+    copied where that user can read it (the checkout may sit in a 0700 folder)."""
+    package = folder / "lib" / "runs_app" / "engine"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "sandbox.py", "bubblewrap.py", "containment.py"):
+        shutil.copy(Path(sandbox.__file__).parent / name, package / name)
+    (package.parent / "__init__.py").write_text("")
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY)
+    prelude = f"import json, sys; sys.path.insert(0, {str(folder / 'lib')!r}); from pathlib import Path; "
+    return subprocess.run(
+        [PY, "-c", prelude + code],
+        cwd=folder,
+        env={"PATH": "/usr/bin:/bin", **env},
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to start a worker as an unprivileged user")
 def test_it_caps_processes_when_the_worker_is_not_root(base):
     """A non-root worker (here: nobody) gets RLIMIT_NPROC relative to its own thread count."""
     folder = base / "nobody"
     folder.mkdir(mode=0o700)
-    os.chown(folder, NOBODY, NOBODY)
-    script = put(folder, "spawner.py")
-    project = Path(__file__).resolve().parents[3]
-    inner = (
-        f"import json, sys; sys.path.insert(0, {str(project)!r}); from pathlib import Path; "
+    shutil.copy(HOSTILE / "spawner.py", folder / "spawner.py")
+    done = nobody_worker(
+        folder,
         "from runs_app.engine.sandbox import Limits, run_process; "
-        f"r = run_process([{PY!r}, {script!r}, '3000'], cwd=Path.cwd(), env={{'PATH': '/usr/bin:/bin'}}, "
+        f"r = run_process([{PY!r}, 'spawner.py', '3000'], cwd=Path.cwd(), env={{'PATH': '/usr/bin:/bin'}}, "
         "limits=Limits(wall_seconds=20, max_processes=20)); "
-        "print(json.dumps({'report': json.loads(r.stdout), 'leftovers': r.leftovers_killed}))"
+        "print(json.dumps({'report': json.loads(r.stdout), 'leftovers': r.leftovers_killed}))",
     )
 
-    result = run_process(
-        [PY, "-c", inner],
-        cwd=folder,
-        env={"PATH": "/usr/bin:/bin"},
-        limits=quick(wall_seconds=30),
-        user=NOBODY,
-    )
-
-    outcome = json.loads(result.stdout)
+    outcome = json.loads(done.stdout or "null") or pytest.fail(done.stderr)
     # Zombies of earlier nobody processes still count against the cap until init reaps them.
-    assert 1 <= outcome["report"]["started"] <= 20, result.stderr
-    assert all(dead(pid) for pid in outcome["report"]["pids"])
+    assert 1 <= outcome["report"]["started"] <= 20, done.stderr
+    assert processes_inside(folder) == []
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to start a worker as an unprivileged user")
+def test_a_non_root_workers_sandbox_cannot_read_the_workers_environment(base):
+    """Its sandbox runs as the worker's own uid, yet has its own /proc: the worker's environment
+    (SECRET_KEY, API keys) is out of reach."""
+    folder = base / "nobody"
+    folder.mkdir(mode=0o700)
+    shutil.copy(HOSTILE / "read_environ.sh", folder / "read_environ.sh")
+    done = nobody_worker(
+        folder,
+        "from runs_app.engine.sandbox import Limits, run_process; "
+        "r = run_process(['/bin/sh', 'read_environ.sh'], cwd=Path.cwd(), env={'PATH': '/usr/bin:/bin'}, "
+        "limits=Limits(wall_seconds=20)); print(r.stdout)",
+        SECRET_KEY="worker-secret-4b1d",
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "environ files read:" in done.stdout
+    assert "worker-secret-4b1d" not in done.stdout
+    assert "4b1d-terces-rekrow" not in done.stdout  # nor reversed
 
 
 def test_it_kills_the_command_when_the_worker_dies(trial):
@@ -413,22 +469,22 @@ def test_it_kills_the_command_when_the_worker_dies(trial):
     worker_code = (
         f"import sys; sys.path.insert(0, {str(project)!r}); from pathlib import Path; "
         "from runs_app.engine.sandbox import Limits, run_process; "
-        f"run_process('echo $$ > main.pid; sleep 30', cwd=Path({str(trial.workspace)!r}), "
+        f"run_process('echo started > main.pid; sleep 30', cwd=Path({str(trial.workspace)!r}), "
         "env={'PATH': '/usr/bin:/bin'}, limits=Limits(wall_seconds=30))"
     )
     worker = subprocess.Popen([sys.executable, "-c", worker_code])
     pid_file = trial.workspace / "main.pid"
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        main = read_pids(pid_file)[0]
+        assert processes_inside(trial.workspace), "the command did not start"
         worker.kill()
         worker.wait()
         deadline = time.monotonic() + 2
-        while not dead(main) and time.monotonic() < deadline:
+        while processes_inside(trial.workspace) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert dead(main)
+        assert processes_inside(trial.workspace) == []
     finally:
         worker.kill()
         worker.wait()
