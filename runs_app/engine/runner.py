@@ -17,6 +17,7 @@ engine never reaches back into run control.
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ from django.utils import timezone
 
 from experiments_app.models import Bundle
 from experiments_app.specs.bundles import extract_bundle
-from runs_app.engine import agents, criteria, sandbox, workspace
+from runs_app.engine import agents, criteria, gateway, sandbox, workspace
 from runs_app.engine.agents import base as agent_base
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
@@ -42,6 +43,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_TASK_TIMEOUT = 600
 FLUSH_EVERY_SECONDS = 0.5
 MAX_PARSED_BYTES = 64 << 20
+# Model APIs the gateway serves: the worker's variables for the key and the endpoint, and the
+# endpoint used when none is set.
+MODEL_APIS = {
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+}
 COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
 
 
@@ -210,6 +217,7 @@ class TrialExecution:
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
+        self.gateway: gateway.Gateway | None = None
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -358,21 +366,79 @@ class TrialExecution:
             return Outcome(Trial.Status.ERROR, exc.category, str(exc))
         if refused := _refused_secrets(agent_config.get("secrets") or []):
             return refused
+        self.gateway = self._gateway_for(kind, agent_config)
+        try:
+            return self._run_agent_process(kind, agent_config)
+        finally:
+            if self.gateway is not None:
+                self.gateway.close()
+
+    def _gateway_for(self, kind: agents.AgentKind, agent_config: dict) -> gateway.Gateway | None:
+        """The trial's model gateway, for kinds that call a model API: the agent gets placeholder
+        keys and the gateway's URLs; the real keys stay in this process."""
+        if not kind.model_apis:
+            return None
+        upstreams = []
+        for api in kind.model_apis:
+            key_name, url_name, default = MODEL_APIS[api]
+            base_url = (len(kind.model_apis) == 1 and agent_config.get("base_url")) or os.environ.get(
+                url_name
+            )
+            upstreams.append(gateway.Upstream(api, str(base_url or default), os.environ.get(key_name, "")))
+            if os.environ.get(key_name):
+                self.secret_values.append(os.environ[key_name])
+        box = self.config.get("sandbox") or {}
+        return gateway.Gateway(
+            gateway.socket_path_for(self.root),
+            upstreams,
+            limits=self.config.get("run_limits") or {},
+            prices=agent_config.get("prices"),
+            allowed_hosts=list(box.get("allowed_hosts") or []),
+        ).start()
+
+    def _sandbox_secrets(self, kind: agents.AgentKind) -> dict[str, str]:
+        """What `prepare` may read as the worker's environment: the gateway's placeholders for the
+        model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
+        values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
+        if self.gateway is not None:
+            for api in kind.model_apis:
+                key_name, url_name, _ = MODEL_APIS[api]
+                values.pop(key_name, None)
+                values.pop(url_name, None)
+                upstream = self.gateway.upstreams[api]
+                if upstream.key:  # a kind that needs a key still says which one is missing
+                    values[key_name] = gateway.PLACEHOLDER_KEY
+                values[url_name] = upstream.sandbox_url
+        return values
+
+    def _run_agent_process(self, kind: agents.AgentKind, agent_config: dict) -> Outcome:
+        box_secrets = self._sandbox_secrets(kind)
+        if self.gateway is not None and len(kind.model_apis) == 1:
+            agent_config = {
+                **agent_config,
+                "base_url": self.gateway.upstreams[kind.model_apis[0]].sandbox_url,
+            }
         try:
             invocation = kind.prepare(
-                self.trial.prompt, self.paths.workspace, self.paths.home, agent_config, dict(os.environ)
+                self.trial.prompt, self.paths.workspace, self.paths.home, agent_config, box_secrets
             )
         except agents.AgentSetupError as exc:
             return Outcome(Trial.Status.ERROR, "setup", str(exc))
         if refused := _refused_secrets(invocation.secrets_needed):
             return refused
-        secrets = {name: os.environ[name] for name in invocation.secrets_needed if os.environ.get(name)}
-        self.secret_values += list(secrets.values())
+        secrets = {name: box_secrets[name] for name in invocation.secrets_needed if box_secrets.get(name)}
+        self.secret_values += [value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY]
         agent_base.write_files(invocation)
         self._give_workspace_to_sandbox()
-        parser = kind.parser()
+        parser = kind.parser(agent_config)
         run_limits = self.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
+        model_gateway = self.gateway
+
+        def record_calls() -> None:
+            if model_gateway is not None:
+                for call in model_gateway.drain():
+                    self.recorder.add(TrialEvent.Kind.USAGE, call)
 
         def on_line(line: str) -> None:
             # A hostile agent may print gigabytes: past this much, lines are not parsed (the
@@ -385,30 +451,50 @@ class TrialExecution:
                 return
             for event in parser.feed_line(line):
                 self.recorder.add(event.kind, event.data)
-            if state["limit"] is None:
-                state["limit"] = agent_base.budget_exceeded(parser.usage, run_limits)
+            if state["limit"] is None and model_gateway is None:
+                state["limit"] = agent_base.budget_crossed(parser.usage, run_limits)
 
         def should_stop() -> str | None:
+            record_calls()
+            if model_gateway is not None and state["limit"] is None:
+                state["limit"] = model_gateway.stop_reason()
             return self.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
 
         result = None
         if invocation.argv is not None:
+            argv, mounts = invocation.argv, self._mounts() + self._agent_mounts(agent_config)
+            if model_gateway is not None:
+                argv = gateway.wrap_command(argv, model_gateway.socket_path, sys.executable)
+                mounts.append(sandbox.Mount(model_gateway.socket_path))
+                if self.paths.uid is not None:
+                    os.chown(model_gateway.socket_path, self.paths.uid, self.paths.uid)
             result = sandbox.run_process(
-                invocation.argv,
+                argv,
                 cwd=self.paths.workspace,
-                env=self._env(secrets=secrets, extra=invocation.env_extra),
+                env=self._env(
+                    secrets=secrets,
+                    extra={**(model_gateway.sandbox_env() if model_gateway else {}), **invocation.env_extra},
+                ),
                 limits=self._agent_limits(),
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
                 should_stop=should_stop,
-                mounts=self._mounts() + self._agent_mounts(agent_config),
+                poll_interval=0.1,
+                mounts=mounts,
                 tmp=self.paths.tmp,
                 stage_root=self._stage_root(),
             )
+        record_calls()
         self.agent_process_seconds = result.duration_seconds if result else 0.0
+        if model_gateway is not None and state["limit"] is None:
+            state["limit"] = model_gateway.stop_reason()
         outcome = kind.finish(result, parser, limit_hit=state["limit"])
-        for event_kind, data in (("usage", outcome.usage.as_dict()),):
-            self.recorder.add(event_kind, data)
+        if model_gateway is not None and model_gateway.calls:
+            # The gateway saw every call: its tokens and cost are the ones stored.
+            outcome.usage = model_gateway.totals()
+        if result is not None and result.memory_exhausted:
+            outcome.notes.append("memory limit reached")
+        self.recorder.add(TrialEvent.Kind.USAGE, outcome.usage.as_dict())
         return self._agent_outcome(outcome, result)
 
     def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:

@@ -19,7 +19,7 @@ from .base import (
     AgentSetupError,
     UnknownAgentKind,
     Usage,
-    budget_exceeded,
+    budget_crossed,
     write_files,
 )
 from .claude_code import ClaudeCodeAgent
@@ -44,7 +44,7 @@ __all__ = [
     "AgentSetupError",
     "UnknownAgentKind",
     "Usage",
-    "budget_exceeded",
+    "budget_crossed",
     "get_agent",
     "known_kinds",
     "write_files",

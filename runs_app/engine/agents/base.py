@@ -7,7 +7,7 @@ An agent kind is pure Python and imports no Django. The runner drives it in thre
    It raises ``AgentSetupError`` when the CLI or an API key is missing.
 2. The runner starts the process (``sandbox.run_process``) and feeds every stdout line to
    ``parser.feed_line``. After each line it may compare ``parser.usage`` with the run limits
-   (``budget_exceeded``) and stop early; it also stops when ``parser.fatal`` is set.
+   (``budget_crossed``) and stop early; it also stops when ``parser.fatal`` is set.
 3. ``finish(process_result, parser, limit_hit=...)`` classifies the end into an ``AgentOutcome``.
 """
 
@@ -192,6 +192,9 @@ class AgentKind:
     name = ""
     # A CLI whose stream ends with a result line: exiting without that line is an error.
     needs_final_line = False
+    # The model APIs the kind calls ("anthropic", "openai"): the runner gives it the trial's
+    # gateway for them (placeholder keys, the gateway's URLs), which counts every call.
+    model_apis: tuple[str, ...] = ()
 
     def prepare(
         self,
@@ -290,20 +293,27 @@ def clip(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"… [{len(text) - limit} more characters]"
 
 
-def budget_exceeded(usage: Usage, limits: Mapping[str, Any]) -> str | None:
-    """Name of the first run limit (``max_total_tokens``, ``max_usd``, ``max_turns``) crossed, else None.
+def budget_crossed(usage: Usage, limits: Mapping[str, Any]) -> str | None:
+    """Name of the first run limit crossed by `usage`, else None: the one rule for budgets,
+    used by the gateway on every model call and by the runner on every parsed line.
 
-    The runner calls this after each parsed line, so an agent is stopped mid-stream.
+    `max_input_tokens` counts cache reads / writes only with `count_cached_input` /
+    `count_cache_creation`; `max_total_tokens` counts every token; `max_turns` model calls.
     """
-    max_tokens = limits.get("max_total_tokens")
-    if max_tokens is not None and usage.total_tokens > max_tokens:
-        return "max_total_tokens"
-    max_usd = limits.get("max_usd")
-    if max_usd is not None and usage.cost_usd is not None and usage.cost_usd > max_usd:
-        return "max_usd"
-    max_turns = limits.get("max_turns")
-    if max_turns is not None and usage.turns > max_turns:
-        return "max_turns"
+    inputs = usage.input_tokens
+    inputs += usage.cache_read_tokens if limits.get("count_cached_input") else 0
+    inputs += usage.cache_creation_tokens if limits.get("count_cache_creation") else 0
+    checks = (
+        ("max_total_tokens", usage.total_tokens),
+        ("max_input_tokens", inputs),
+        ("max_output_tokens", usage.output_tokens),
+        ("max_usd", usage.cost_usd),
+        ("max_turns", usage.turns),
+    )
+    for name, used in checks:
+        cap = limits.get(name)
+        if cap is not None and used is not None and used > cap:
+            return name
     return None
 
 

@@ -72,6 +72,7 @@ def model_prices(model: str) -> dict[str, float] | None:
 
 class ClaudeCodeAgent(AgentKind):
     name = "claude-code"
+    model_apis = ("anthropic",)
     needs_final_line = True
 
     def prepare(

@@ -48,6 +48,7 @@ TOOL_ITEMS = ("command_execution", "file_change", "mcp_tool_call", "web_search")
 
 class CodexAgent(AgentKind):
     name = "codex"
+    model_apis = ("openai",)
     needs_final_line = True
 
     def prepare(

@@ -34,6 +34,7 @@ PROMPT_FILE = "PROMPT.md"
 
 class CommandAgent(AgentKind):
     name = "command"
+    model_apis = ("anthropic", "openai")
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]

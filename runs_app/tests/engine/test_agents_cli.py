@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runs_app.engine.agents import AgentSetupError, budget_exceeded, get_agent, write_files
+from runs_app.engine.agents import AgentSetupError, budget_crossed, get_agent, write_files
 from runs_app.engine.agents.base import PROJECT_ROOT, AgentInvocation, BaseParser
 from runs_app.tests.mock_servers import (
     AnthropicMock,
@@ -243,10 +243,10 @@ def test_it_cuts_real_claude_off_when_the_token_budget_is_crossed(sandbox):
         )
         parser = agent.parser()
         result = drive(
-            invocation, parser, sandbox, should_stop=lambda p: budget_exceeded(p.usage, limits) is not None
+            invocation, parser, sandbox, should_stop=lambda p: budget_crossed(p.usage, limits) is not None
         )
 
-    outcome = agent.finish(result, parser, limit_hit=budget_exceeded(parser.usage, limits))
+    outcome = agent.finish(result, parser, limit_hit=budget_crossed(parser.usage, limits))
     assert (outcome.status, outcome.limit) == ("limit", "max_total_tokens")
     assert not parser.finished and result.duration_seconds < 10
     assert parser.usage.total_tokens > 1000 and parser.usage.turns == 1

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runs_app.engine.agents import AgentSetupError, Usage, budget_exceeded, get_agent, write_files
+from runs_app.engine.agents import AgentSetupError, Usage, budget_crossed, get_agent, write_files
 from runs_app.engine.agents.command import CommandParser
 
 
@@ -186,12 +186,12 @@ def test_it_classifies_command_exits_from_the_stream_first():
 def test_it_names_the_budget_a_usage_crosses():
     usage = Usage(input_tokens=900, output_tokens=50, cache_read_tokens=40, cache_creation_tokens=10, turns=3)
 
-    assert budget_exceeded(usage, {}) is None
-    assert budget_exceeded(usage, {"max_total_tokens": 1000}) is None
-    assert budget_exceeded(usage, {"max_total_tokens": 999}) == "max_total_tokens"
-    assert budget_exceeded(usage, {"max_usd": 0.0}) is None  # no cost known: cannot judge
+    assert budget_crossed(usage, {}) is None
+    assert budget_crossed(usage, {"max_total_tokens": 1000}) is None
+    assert budget_crossed(usage, {"max_total_tokens": 999}) == "max_total_tokens"
+    assert budget_crossed(usage, {"max_usd": 0.0}) is None  # no cost known: cannot judge
     usage.cost_usd = 0.02
-    assert budget_exceeded(usage, {"max_usd": 0.01}) == "max_usd"
-    assert budget_exceeded(usage, {"max_turns": 2}) == "max_turns"
-    assert budget_exceeded(usage, {"max_turns": 3}) is None
+    assert budget_crossed(usage, {"max_usd": 0.01}) == "max_usd"
+    assert budget_crossed(usage, {"max_turns": 2}) == "max_turns"
+    assert budget_crossed(usage, {"max_turns": 3}) is None
     assert json.loads(json.dumps(usage.as_dict()))["total_tokens"] == 1000
