@@ -451,7 +451,7 @@ class TrialExecution:
                 return
             for event in parser.feed_line(line):
                 self.recorder.add(event.kind, event.data)
-            if state["limit"] is None and model_gateway is None:
+            if state["limit"] is None:  # what the agent itself reports counts too
                 state["limit"] = agent_base.budget_crossed(parser.usage, run_limits)
 
         def should_stop() -> str | None:
