@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint format venv install install-dev agents browser migrate demo worker web clean
+.PHONY: run test lint format venv install install-dev agents browser sandbox migrate demo worker web clean
 
 $(PY):
 	$(PYTHON) scripts/bootstrap_venv.py $(VENV)
@@ -43,6 +43,19 @@ browser:
 		fi; \
 	fi
 
+# bubblewrap: every trial command runs in its namespace sandbox (installed when missing and
+# apt-get can; without it workers refuse to run trials, saying what to install).
+sandbox:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+			 (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) && \
+			echo "installed bubblewrap"; \
+		else \
+			echo "bubblewrap (bwrap) missing and cannot be installed here: install it to run trials"; \
+		fi; \
+	fi
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -54,13 +67,13 @@ demo: migrate
 	$(PY) manage.py ensure_admin
 
 # Web server and one Celery worker on the embedded default (SQLite + filesystem broker).
-run: demo agents
+run: demo agents sandbox
 	@scripts/run_dev.sh $(HOST) $(PORT)
 
-worker: install
+worker: install sandbox
 	$(PY) -m celery -A evalsite worker --loglevel=INFO --concurrency=2
 
-test: install-dev agents browser
+test: install-dev agents browser sandbox
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache

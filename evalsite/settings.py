@@ -278,6 +278,8 @@ EXAMPLES_DIR = BASE_DIR / "examples"
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/evalsite-sandboxes"))
 # Memory of one sandboxed command's whole process tree (cgroup), unless sandbox.limits says.
 SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
+# Disk use of a trial's workspace, HOME and /tmp together, unless sandbox.limits.max_disk_mb says.
+SANDBOX_DISK_MB = env_int("SANDBOX_DISK_MB", 4096, minimum=16)
 # A running trial's lease; a worker renews it every third of this. An expired lease means
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 
@@ -94,11 +95,31 @@ class StarterFilesSource(SpecModel):
     files: list[StarterFile]
 
 
+def repo_url_problem(url: str) -> str | None:
+    """Why a repo source's URL is refused: only https URLs (a repository on the network, reached
+    through the sandbox's proxy), never a path or file:// URL of the worker's own disk. Checked at
+    import and again by the worker (an override could set it)."""
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        return (
+            f"repo url {url!r} is not allowed: give an https:// URL (local paths, file://, ssh and "
+            "other schemes could read the worker's own files)"
+        )
+    return None
+
+
 class RepoSource(SpecModel):
     type: Literal["repo"]
     url: str
     commit: str | None = None
     ref: str | None = None  # evalsite: a branch or tag, when no commit is pinned
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        if problem := repo_url_problem(v):
+            raise ValueError(problem)
+        return v
 
 
 TemplateSource = Annotated[TemplateDirSource | StarterFilesSource | RepoSource, Field(discriminator="type")]

@@ -17,6 +17,7 @@ engine never reaches back into run control.
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -110,6 +112,23 @@ def run_claimed(trial_id: int, worker: str) -> tuple[str | None, int]:
         execution.stop_heartbeat()
     stored = execution.persist(outcome)
     return (outcome.status if stored else None), trial.run_id
+
+
+class DiskWatch:
+    """Whether the trial's writable folders grew past their cap (checked every few seconds:
+    walking a large workspace costs milliseconds)."""
+
+    EVERY_SECONDS = 3.0
+
+    def __init__(self, folders: list[Path], cap_bytes: int):
+        self.folders, self.cap = folders, cap_bytes
+        self.next_check = time.monotonic() + self.EVERY_SECONDS
+
+    def exceeded(self) -> bool:
+        if time.monotonic() < self.next_check:
+            return False
+        self.next_check = time.monotonic() + self.EVERY_SECONDS
+        return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
 
 
 class Recorder:
@@ -298,8 +317,9 @@ class TrialExecution:
         for index, source in enumerate(sources):
             bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
             workspace.materialize(
-                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns()
-            )
+                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns(),
+                first_index=index, git=self._git,
+            )  # fmt: skip
         self.recorder.phase("pre_run")
         self.run_steps("pre_run", fatal=True)
 
@@ -454,10 +474,14 @@ class TrialExecution:
             if state["limit"] is None:  # what the agent itself reports counts too
                 state["limit"] = agent_base.budget_crossed(parser.usage, run_limits)
 
+        disk = DiskWatch([self.paths.workspace, self.paths.home, self.paths.tmp], self._disk_bytes())
+
         def should_stop() -> str | None:
             record_calls()
             if model_gateway is not None and state["limit"] is None:
                 state["limit"] = model_gateway.stop_reason()
+            if state["limit"] is None and disk.exceeded():
+                state["limit"] = "disk"
             return self.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
 
         result = None
@@ -488,12 +512,12 @@ class TrialExecution:
         self.agent_process_seconds = result.duration_seconds if result else 0.0
         if model_gateway is not None and state["limit"] is None:
             state["limit"] = model_gateway.stop_reason()
+        if state["limit"] is None and result is not None:
+            state["limit"] = _resource_limit(result)
         outcome = kind.finish(result, parser, limit_hit=state["limit"])
         if model_gateway is not None and model_gateway.calls:
             # The gateway saw every call: its tokens and cost are the ones stored.
             outcome.usage = model_gateway.totals()
-        if result is not None and result.memory_exhausted:
-            outcome.notes.append("memory limit reached")
         self.recorder.add(TrialEvent.Kind.USAGE, outcome.usage.as_dict())
         return self._agent_outcome(outcome, result)
 
@@ -592,6 +616,34 @@ class TrialExecution:
             stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
         )
 
+    def _git(self, argv: list[str], timeout: float) -> tuple[int, str, bool]:
+        """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT
+        proxy to the repository's host; the scrubbed environment, no credentials."""
+        host = (
+            urlsplit(next(arg for arg in argv if arg.startswith("https://"))).hostname
+            if "clone" in argv
+            else ""
+        )
+        proxy = gateway.Gateway(self.root / "git.sock", [], allowed_hosts=[host] if host else []).start()
+        try:
+            if self.paths.uid is not None:
+                os.chown(proxy.socket_path, self.paths.uid, self.paths.uid)
+            result = sandbox.run_process(
+                gateway.wrap_command(argv, proxy.socket_path, sys.executable),
+                cwd=self.paths.workspace,
+                env=self._env(extra={**proxy.sandbox_env(), "GIT_TERMINAL_PROMPT": "0"}),
+                limits=sandbox.Limits(
+                    wall_seconds=timeout, memory_bytes=self._memory_bytes(), **COMMAND_LIMITS
+                ),
+                should_stop=self.heartbeat.stop_reason,
+                mounts=[*self._mounts(), sandbox.Mount(proxy.socket_path)],
+                tmp=self.paths.tmp,
+                stage_root=self._stage_root(),
+            )
+        finally:
+            proxy.close()
+        return (result.exit_code if result.exit_code is not None else -1), result.stderr, result.timed_out
+
     def _mounts(self) -> list[sandbox.Mount]:
         """What every command of the trial sees besides its workspace: its HOME."""
         return [sandbox.Mount(self.paths.home, writable=True)]
@@ -603,6 +655,10 @@ class TrialExecution:
 
     def _stage_root(self) -> Path:
         return Path(settings.SANDBOX_ROOT) / "runtimes"
+
+    def _disk_bytes(self) -> int:
+        box = (self.config.get("sandbox") or {}).get("limits") or {}
+        return int(box.get("max_disk_mb") or settings.SANDBOX_DISK_MB) << 20
 
     def _memory_bytes(self) -> int:
         box = (self.config.get("sandbox") or {}).get("limits") or {}
@@ -718,6 +774,13 @@ class TrialExecution:
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+def _resource_limit(result: sandbox.ProcessResult) -> str | None:
+    """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
+    if result.memory_exhausted:
+        return "memory"
+    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(result.signal)
 
 
 def _refused_secrets(names: list[str]) -> Outcome | None:

@@ -14,15 +14,15 @@ Pure Python, no Django.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import io
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +80,9 @@ class SandboxPaths:
     tmp: Path
     uid: int | None  # the uid leased to this trial (root workers), else None
 
+
+# git argv, timeout -> (exit code, stderr, timed out)
+GitRunner = Callable[[list[str], float], tuple[int, str, bool]]
 
 # ---------------------------------------------------------------------------------------------
 # Layout and cleanup
@@ -164,13 +167,15 @@ def materialize(
     ignore_patterns: Iterable[str] = (),
     git_timeout: float = 120.0,
     first_index: int = 0,
+    git: GitRunner | None = None,
 ) -> None:
     """Apply `template_sources` to `workspace`, in order (later sources overwrite earlier files).
 
     `template_dir` paths are relative to `bundle_dir / yaml_dir` (the task YAML's folder) and
     must stay inside `bundle_dir`; written paths must stay inside the workspace, also through
     symlinks an earlier source created. `first_index` numbers the sources in error messages when
-    a caller applies them one at a time.
+    a caller applies them one at a time. `git(argv, timeout)` runs git for `repo` sources (the
+    runner runs it in the trial's sandbox, reaching only the repository's host).
     """
     patterns = (*DEFAULT_IGNORE_PATTERNS, *ignore_patterns)
     for index, source in enumerate(template_sources, start=first_index):
@@ -181,7 +186,7 @@ def materialize(
         elif kind == "starter_files":
             _write_starter_files(workspace, source, where)
         elif kind == "repo":
-            _clone_repo(workspace, source, git_timeout, where)
+            _clone_repo(workspace, source, git_timeout, where, git)
         else:
             raise WorkspaceError(f"{where}.type: {kind!r} is not one of template_dir, starter_files, repo")
     owner = workspace.stat()
@@ -259,27 +264,42 @@ def _write_starter_files(workspace: Path, source: dict, where: str) -> None:
         dest.write_text(str(entry.get("content", "")), encoding="utf-8")
 
 
-def _clone_repo(workspace: Path, source: dict, timeout: float, where: str) -> None:
+def _clone_repo(workspace: Path, source: dict, timeout: float, where: str, git: GitRunner | None) -> None:
+    from experiments_app.specs.task import repo_url_problem  # the import-time rule, checked again here
+
     url = str(_required(source, "url", where))
+    if problem := repo_url_problem(url):
+        raise WorkspaceError(f"{where}.url: {problem}")
+    if git is None:
+        raise WorkspaceError(f"{where}: repo sources are cloned in the trial's sandbox, and none was given")
     target = workspace / REPO_DIRNAME
     if target.exists():
         raise WorkspaceError(f"{where}: {target.name}/ already exists (only one repo source is allowed)")
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # never wait for a password
-    commit = source.get("commit")
-    steps = [
-        ("clone", ["git", "clone", "--quiet", *(["--no-checkout"] if commit else []), "--", url, str(target)])
-    ]
+    commit, ref = source.get("commit"), source.get("ref")
+    options = ["--no-checkout"] if commit else (["--branch", str(ref)] if ref else [])
+    steps = [("clone", ["git", "clone", "--quiet", *options, "--", url, str(target)])]
     if commit:
         steps.append(
             ("checkout", ["git", "-C", str(target), "checkout", "--quiet", "--detach", str(commit), "--"])
         )
     for verb, command in steps:
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise WorkspaceError(f"{where}: `git {verb}` of {url} took over {timeout:g} s") from None
-        if done.returncode != 0:
-            raise WorkspaceError(f"{where}: `git {verb}` of {url} failed: {done.stderr.strip()}")
+        code, stderr, timed_out = git(command, timeout)
+        if timed_out:
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} took over {timeout:g} s")
+        if code != 0:
+            raise WorkspaceError(f"{where}: `git {verb}` of {url} failed: {stderr.strip()}")
+
+
+def tree_size(root: Path) -> int:
+    """Bytes of the regular files under `root` (links not followed)."""
+    total = 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_blocks * 512
+    return total
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:

@@ -704,7 +704,10 @@ def test_it_rejects_an_unknown_override_path_saying_what_was_expected():
         ("repeats=0", "repeats: Input should be greater than or equal to 1"),
         ("sandbox.driver=podman", "sandbox.driver: Input should be 'tempdir' or 'docker'"),
         ("agent.type=bogus", "agent.type: unknown agent type 'bogus'; expected one of: claude-code, codex"),
-        ("template_sources=[{type: template_dir, path: a}, {type: repo, url: u}]", "must be the first one"),
+        (
+            "template_sources=[{type: template_dir, path: a}, {type: repo, url: 'https://h/r'}]",
+            "must be the first one",
+        ),
         ("template_sources=[{type: template_dir}]", r"template_sources\[0\].path: Field required"),
     ],
 )

@@ -20,12 +20,12 @@ import pytest
 from runs_app.engine import containment, sandbox
 from runs_app.engine.sandbox import DEFAULT_ENV_ALLOWLIST, Limits, Mount, build_env, redact, run_process
 from runs_app.engine.workspace import cleanup, layout
+from runs_app.tests.engine.nobody import NOBODY, nobody_worker
 
 HOSTILE = Path(__file__).parents[1] / "hostile"
 # The sandbox uid cannot run a Python that lives under /root (pyenv): prefer the system one.
 PY = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 IS_ROOT = os.geteuid() == 0
-NOBODY = 65534
 
 
 @pytest.fixture
@@ -397,30 +397,6 @@ def test_it_enforces_file_size_cpu_and_address_space_limits(trial):
     assert spin.signal in (signal.SIGXCPU, signal.SIGKILL) and not spin.timed_out
     assert spin.duration_seconds < 4
     assert hog.exit_code == 1 and "MemoryError" in hog.stderr
-
-
-def nobody_worker(folder: Path, code: str, **env: str) -> subprocess.CompletedProcess:
-    """Run `code` as a worker process of an unprivileged user (nobody), with the sandbox code
-    copied where that user can read it (the checkout may sit in a 0700 folder)."""
-    package = folder / "lib" / "runs_app" / "engine"
-    package.mkdir(parents=True)
-    for name in ("__init__.py", "sandbox.py", "bubblewrap.py", "containment.py"):
-        shutil.copy(Path(sandbox.__file__).parent / name, package / name)
-    (package.parent / "__init__.py").write_text("")
-    for path in [folder, *folder.rglob("*")]:
-        os.chown(path, NOBODY, NOBODY)
-    prelude = f"import json, sys; sys.path.insert(0, {str(folder / 'lib')!r}); from pathlib import Path; "
-    return subprocess.run(
-        [PY, "-c", prelude + code],
-        cwd=folder,
-        env={"PATH": "/usr/bin:/bin", **env},
-        user=NOBODY,
-        group=NOBODY,
-        extra_groups=[],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to start a worker as an unprivileged user")

@@ -2,7 +2,6 @@ import io
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from runs_app.engine.workspace import (
     snapshot,
     unified_diff,
 )
+from runs_app.tests.engine.nobody import nobody_worker
 
 IS_ROOT = os.geteuid() == 0
 
@@ -125,18 +125,14 @@ def test_it_cleans_up_read_only_folders_as_a_non_root_worker(base):
     owned = base / "owned"
     owned.mkdir()
     os.chown(owned, 65534, 65534)
-    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-    project = Path(__file__).resolve().parents[3]
-    code = (
-        f"import os, sys; sys.path.insert(0, {str(project)!r}); from pathlib import Path; "
-        "from runs_app.engine.workspace import cleanup, layout; "
+    done = nobody_worker(
+        owned,
+        "import os; from runs_app.engine.workspace import cleanup, layout; "
         f"p = layout(Path({str(owned)!r}) / 'trial'); "
         "(p.workspace / 'ro').mkdir(); (p.workspace / 'ro/f.txt').write_text('x'); "
         "os.chmod(p.workspace / 'ro', 0o500); os.chmod(p.workspace, 0o500); "
-        "cleanup(p.root); print(p.root.exists())"
+        "cleanup(p.root); print(p.root.exists())",
     )
-
-    done = subprocess.run([python, "-c", code], user=65534, group=65534, capture_output=True, text=True)
 
     assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr
 
@@ -244,14 +240,29 @@ def repo(tmp_path):
     return origin, first, git("rev-parse", "HEAD", cwd=origin)
 
 
+URL = "https://git.example.test/origin.git"
+
+
+def local_git(origin: Path):
+    """The runner's git, with the https remote served from a local folder (no network here)."""
+
+    def run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
+        argv = [str(origin) if arg == URL else arg for arg in argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stderr, False
+
+    return run
+
+
 def test_it_clones_a_repo_at_a_commit_into_repo_folder(repo, bundle, tmp_path):
     origin, first, second = repo
     pinned, latest = tmp_path / "pinned", tmp_path / "latest"
     pinned.mkdir()
     latest.mkdir()
 
-    materialize(pinned, [{"type": "repo", "url": str(origin), "commit": first}], bundle, "tasks/demo")
-    materialize(latest, [{"type": "repo", "url": str(origin)}], bundle, "tasks/demo")
+    runner = local_git(origin)
+    materialize(pinned, [{"type": "repo", "url": URL, "commit": first}], bundle, "tasks/demo", git=runner)
+    materialize(latest, [{"type": "repo", "url": URL}], bundle, "tasks/demo", git=runner)
 
     assert (pinned / REPO_DIRNAME / "lib.py").read_text() == "VERSION = 1\n"
     assert git("rev-parse", "HEAD", cwd=pinned / REPO_DIRNAME) == first
@@ -264,10 +275,21 @@ def test_it_reports_a_repo_that_cannot_be_checked_out(repo, bundle, tmp_path):
     workspace = tmp_path / "workspace"
     workspace.mkdir()
 
+    runner = local_git(origin)
     with pytest.raises(WorkspaceError, match=r"template_sources\[0\]: `git checkout`"):
-        materialize(workspace, [{"type": "repo", "url": str(origin), "commit": "0" * 40}], bundle, "t")
+        materialize(workspace, [{"type": "repo", "url": URL, "commit": "0" * 40}], bundle, "t", git=runner)
     with pytest.raises(WorkspaceError, match=r"template_sources\[0\]\.url is required"):
-        materialize(workspace, [{"type": "repo"}], bundle, "t")
+        materialize(workspace, [{"type": "repo"}], bundle, "t", git=runner)
+
+
+@pytest.mark.parametrize(
+    "url", ["/work/main", "file:///work/main", "http://example.test/r.git", "ext::sh -c id"]
+)
+def test_it_refuses_a_repo_url_that_is_not_https(repo, bundle, tmp_path, url):
+    origin, _, _ = repo
+    with pytest.raises(WorkspaceError, match=r"template_sources\[0\]\.url: repo url .* is not allowed"):
+        materialize(tmp_path, [{"type": "repo", "url": url}], bundle, "t", git=local_git(origin))
+    assert not (tmp_path / REPO_DIRNAME).exists()
 
 
 def test_it_snapshots_text_files_only(tmp_path):
