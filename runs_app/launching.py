@@ -176,6 +176,13 @@ def _trials_for(
     layers = trial_layers(_task_layer(version), experiment.defaults, variant.layer(), overrides)
     resolved = resolve(layers)
     config = resolved.config
+    if (config.get("sandbox") or {}).get("driver") == "docker":
+        # Never on the host: a task written for a container expects that container's isolation.
+        raise ValueError(
+            "sandbox.driver: docker asks for a container, and evalsite's workers run no container "
+            "runtime: such tasks are never run on the host. Use driver: tempdir (the namespace "
+            "sandbox), or leave this task out of the run"
+        )
     repeats = options.repeats or overrides.get("repeats") or variant.effective_repeats()
     rows = _dataset_rows(version, options, seed)
     if so_far + repeats * len(rows) > settings.MAX_TRIALS_PER_RUN:

@@ -293,6 +293,8 @@ class TrialExecution:
         return Outcome(Trial.Status.ERROR, "lost", "this worker lost the trial's lease")
 
     def setup(self) -> None:
+        if (self.config.get("sandbox") or {}).get("driver") == "docker":  # launches refuse these
+            raise TrialAborted("setup", "sandbox.driver: docker: this worker runs no containers")
         token = uuid.uuid4().hex[:8]
         root = Path(settings.SANDBOX_ROOT) / f"trial-{self.trial.pk}-a{self.trial.attempt}-{token}"
         Path(settings.SANDBOX_ROOT).mkdir(parents=True, exist_ok=True)
