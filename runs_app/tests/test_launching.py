@@ -177,8 +177,8 @@ def test_it_refuses_an_experiment_that_selects_no_task(smoke):
 def test_it_refuses_container_tasks_naming_them(tmp_path):
     from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
 
-    make_task(tmp_path, "boxed", "task_id: boxed\ninitial_prompt: x\nsandbox: {driver: docker, docker: {image: x}}\n"
-              "success_criteria: [{type: file_exists, path: a}]\n")  # fmt: skip
+    task = "task_id: boxed\ninitial_prompt: x\nsandbox: {driver: docker, docker: {image: x}}\n"
+    make_task(tmp_path, "boxed", task + "success_criteria: [{type: file_exists, path: a}]\n")
     import_folder_tasks(tmp_path)
     experiment = make_experiment(tmp_path, "experiment_id: boxes\nvariants:\n  - variant_id: a\n")
 
