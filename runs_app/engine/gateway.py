@@ -91,6 +91,11 @@ class Call:
     stream: bool = False
     attempt: int = 1
 
+    @property
+    def is_generation(self) -> bool:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        return path.endswith(("/messages", "/responses", "/chat/completions"))
+
     def event(self) -> dict[str, Any]:
         return {
             "source": "gateway", "api": self.api, "path": self.path, "status": self.status,
@@ -209,7 +214,8 @@ class Gateway:
         if prices is not None:
             call.cost_usd = estimate_cost(call.usage, prices)
         with self._lock:
-            self.calls += 1
+            # Turns count generations; token counts, model lists and the like are not turns.
+            self.calls += call.is_generation
             for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens",
                          "reasoning_tokens"):  # fmt: skip
                 setattr(self.usage, name, getattr(self.usage, name) + getattr(call.usage, name))

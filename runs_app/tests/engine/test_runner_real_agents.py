@@ -16,6 +16,8 @@ NODE_BIN = settings.BASE_DIR / "node_modules" / ".bin"
 FIX = (EXAMPLES / "tasks" / "fix-mean" / "reference" / "stats.py").read_text()
 WRITE_FIX = f"cat > stats.py <<'EOF'\n{FIX}EOF\npython3 -m unittest discover -s tests"
 
+REAL_KEY = "sk-test-real-key-only-the-gateway-holds"
+
 EXPERIMENT = """
 experiment_id: real-cli
 variants:
@@ -80,3 +82,61 @@ def test_the_real_codex_cli_solves_an_example_task_through_the_worker(tmp_path):
     assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
     assert trial.input_tokens + trial.cache_read_tokens > 0 and trial.output_tokens > 0
     assert TrialEvent.objects.filter(trial=trial, kind="tool_call", data__name="Bash").exists()
+
+
+@pytest.mark.skipif(
+    not (NODE_BIN / "claude").exists(), reason="run `make agents` (npm ci) for the claude CLI"
+)
+def test_claude_reaches_its_model_only_through_the_gateway_which_counts_every_call(tmp_path):
+    script = [Turn([tool_use("Bash", {"command": WRITE_FIX, "description": "Fix"})]), Turn([text("Fixed.")])]
+    with AnthropicMock(script) as api:
+        trial = run_example(
+            tmp_path,
+            "{type: claude-code, model: claude-sonnet-4-6, max_retries: 0, "
+            "prices: {input: 3.0, output: 15.0, cache_write: 3.75, cache_read: 0.3}}",
+            [f"agent.base_url={api.url}"],
+            {"ANTHROPIC_API_KEY": REAL_KEY},
+        )
+        sent, requests = list(api.sent_usage), api.model_requests()
+
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    # Every request carried the real key, which only the gateway adds; the CLI held a placeholder.
+    assert requests and {r["headers"].get("x-api-key") for r in requests} == {REAL_KEY}
+    total = {name: sum(u[name] for u in sent) for name in sent[0]}
+    assert trial.input_tokens == total["input_tokens"] and trial.output_tokens == total["output_tokens"]
+    assert trial.cache_read_tokens == total["cache_read_input_tokens"]
+    assert trial.cache_creation_tokens == total["cache_creation_input_tokens"]
+    expected = (
+        3.0 * total["input_tokens"]
+        + 15.0 * total["output_tokens"]
+        + 3.75 * total["cache_creation_input_tokens"]
+        + 0.3 * total["cache_read_input_tokens"]
+    ) / 1e6
+    assert abs(trial.cost_usd - expected) < 1e-9
+    calls = TrialEvent.objects.filter(trial=trial, kind="usage", data__source="gateway", data__status=200)
+    assert calls.count() == len(requests) == trial.turns
+    assert REAL_KEY not in trial.agent_stdout + trial.agent_stderr
+
+
+@pytest.mark.skipif(not (NODE_BIN / "codex").exists(), reason="run `make agents` (npm ci) for the codex CLI")
+def test_codex_is_priced_at_the_gateway(tmp_path):
+    script = [Turn([message("Rewriting mean()."), shell(WRITE_FIX)]), Turn([message("Fixed.")])]
+    with OpenAIMock(script) as api:
+        trial = run_example(
+            tmp_path,
+            "{type: codex, model: gpt-5.5, max_retries: 0, "
+            "prices: {input: 1.0, output: 8.0, cache_read: 0.1}}",
+            [f"agent.base_url={api.url}/v1"],
+            {"OPENAI_API_KEY": REAL_KEY},
+        )
+        sent, requests = list(api.sent_usage), api.model_requests()
+
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    assert {r["headers"].get("Authorization") for r in requests} == {f"Bearer {REAL_KEY}"}
+    cached = sum(u["input_tokens_details"]["cached_tokens"] for u in sent)
+    fresh = sum(u["input_tokens"] for u in sent) - cached
+    output = sum(u["output_tokens"] for u in sent)
+    assert (trial.input_tokens, trial.cache_read_tokens, trial.output_tokens) == (fresh, cached, output)
+    assert (
+        trial.cost_usd > 0 and abs(trial.cost_usd - (fresh * 1.0 + output * 8.0 + cached * 0.1) / 1e6) < 1e-9
+    )
