@@ -296,6 +296,8 @@ DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
 AGENT_SECRET_NAMES = env_list(
     "AGENT_SECRET_NAMES", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY"]
 )
+# Besides staff, the members of this group may define command agents and name agent secrets.
+AGENT_AUTHORS_GROUP = env_str("AGENT_AUTHORS_GROUP", "agent-authors")
 # A launch never creates more trials than this (a typo in `repeats` must not fill the database).
 MAX_TRIALS_PER_RUN = env_int("MAX_TRIALS_PER_RUN", 200_000, minimum=1)
 

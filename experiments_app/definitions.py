@@ -27,6 +27,45 @@ from experiments_app.specs.loading import LoadedTask, SpecIssue, load_experiment
 VARIANT_COLUMNS = ("agent", "run_limits", "prompt_mutations", "repeats")
 
 
+class NotAllowed(Exception):
+    """The user may not make this change (the message says who may)."""
+
+
+def may_define_agents(user) -> bool:
+    """Who may define a `command` agent or name secrets for an agent: what runs on the workers,
+    and what they hand to it. Staff, the members of AGENT_AUTHORS_GROUP, and the command line
+    (user None: the machine's operator)."""
+    if user is None or user.is_staff:
+        return True
+    return user.groups.filter(name=settings.AGENT_AUTHORS_GROUP).exists()
+
+
+def privileged_agent(agent: dict | None) -> bool:
+    agent = agent or {}
+    return agent.get("type") == "command" or "command" in agent or bool(agent.get("secrets"))
+
+
+def _check_agent_changes(spec: ExperimentSpec, experiment: Experiment | None, user) -> None:
+    if may_define_agents(user):
+        return
+    stored = {v.slug: v.agent for v in experiment.variants.all()} if experiment else {}
+    stored_defaults = (experiment.defaults.get("agent") if experiment else None) or {}
+    changed = []
+    defaults = (spec.defaults.model_dump(mode="json", exclude_unset=True).get("agent")) or {}
+    if privileged_agent(defaults) and defaults != stored_defaults:
+        changed.append("defaults")
+    for variant in spec.variants:
+        agent = variant.model_dump(mode="json", exclude_unset=True).get("agent") or {}
+        if privileged_agent(agent) and agent != stored.get(variant.variant_id):
+            changed.append(variant.variant_id)
+    if changed:
+        raise NotAllowed(
+            f"only staff and members of the {settings.AGENT_AUTHORS_GROUP!r} group may define a command "
+            f"agent or name agent secrets ({', '.join(changed)}): ask one of them, or keep the agents "
+            "as they were"
+        )
+
+
 class ImportFailed(Exception):
     """Nothing was imported; `issues` lists every problem with file, line and field."""
 
@@ -269,7 +308,9 @@ def _store_variants(experiment: Experiment, loaded) -> None:
 def save_experiment(
     spec: ExperimentSpec, *, name: str, experiment: Experiment | None = None, user=None
 ) -> Experiment:
-    """Store a spec validated by the experiment form the way `import_experiment` stores a file."""
+    """Store a spec validated by the experiment form the way `import_experiment` stores a file.
+    Raises NotAllowed when `user` defines a command agent or agent secrets without the right."""
+    _check_agent_changes(spec, experiment, user)
     fields = {"name": name, **_experiment_fields(spec)}
     with transaction.atomic():
         if experiment is None:

@@ -68,7 +68,11 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None) ->
         ef.apply_issues(issues, form, formset, sources)
         return None
     name = form.cleaned_data["name"].strip()
-    return definitions.save_experiment(spec, name=name, experiment=experiment, user=request.user)
+    try:
+        return definitions.save_experiment(spec, name=name, experiment=experiment, user=request.user)
+    except definitions.NotAllowed as refusal:
+        form.add_error(None, str(refusal))
+        return None
 
 
 def _form_context(form, formset, experiment: Experiment | None) -> dict:

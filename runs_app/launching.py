@@ -19,6 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 import evalsite
+from experiments_app.definitions import may_define_agents, privileged_agent
 from experiments_app.models import Experiment, TaskVersion, Variant
 from experiments_app.specs.resolve import (
     OverrideError,
@@ -64,6 +65,11 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
     options = options or LaunchOptions()
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
     overrides = _override_layer(options)
+    if privileged_agent(overrides.get("agent")) and not may_define_agents(user):
+        raise LaunchError(
+            [f"only staff and members of the {settings.AGENT_AUTHORS_GROUP!r} group may run a command "
+             "agent or hand agents secrets through launch options"]
+        )  # fmt: skip
     versions = _selected_versions(experiment, options, seed)
     variants = list(experiment.variants.order_by("position", "pk"))
     if not variants:

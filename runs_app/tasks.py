@@ -11,6 +11,7 @@ from celery.signals import worker_ready
 from django.utils import timezone
 
 from runs_app import control
+from runs_app.engine import runner
 from runs_app.models import Worker
 
 
@@ -39,6 +40,8 @@ def record_heartbeat(name: str) -> None:
 
 @worker_ready.connect
 def _reap_at_start(sender, **kwargs) -> None:
-    """A worker that starts after a crash recovers the dead worker's trials without waiting for beat."""
+    """A worker that starts after a crash recovers the dead worker's trials without waiting for
+    beat, and removes the sandbox folders they left on this host."""
+    runner.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)

@@ -1,10 +1,11 @@
 import pytest
 import yaml
+from django.contrib.auth.models import Group
 from django.urls import reverse
 
 from experiments_app.definitions import experiment_spec_data, import_experiment
 from experiments_app.models import Experiment, Variant
-from experiments_app.tests.factories import smoke_experiment
+from experiments_app.tests.factories import EXAMPLES, smoke_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -195,8 +196,9 @@ def test_it_duplicates_an_experiment_for_editing(member_client, member):
     assert copy.baseline.experiment == copy
 
 
-def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_client, tmp_path):
+def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_client, member, tmp_path):
     smoke_experiment()
+    member.groups.add(Group.objects.create(name="agent-authors"))  # the variant defines a command
     extra = {"prompt_suffix": "Run the tests.", "options": "command: [python3, -c, 'print(1)']\n",
              "run_limits": "max_turns: 5\n", "repeats": "3", "other": "expected_commands: 2\n"}  # fmt: skip
     gates = "- {type: min_pass_rate, value: 0.5, variant: reference}\n"
@@ -217,3 +219,29 @@ def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_clien
     assert experiment_spec_data(imported) == before
     assert before["variants"][1]["prompt_mutations"] == [{"type": "suffix", "content": "Run the tests."}]
     assert before["gates"][0]["variant"] == "reference"
+
+
+def test_only_staff_and_agent_authors_define_command_agents(member_client, member):
+    smoke_experiment()
+    command = _variant(1, "no-op", "command", options="command: [sh, -c, id]\n")
+    data = _form_data(_variant(0, "reference", "oracle"), command)
+
+    refused = member_client.post(reverse("experiment_create"), data)
+    member.groups.add(Group.objects.create(name="agent-authors"))
+    allowed = member_client.post(reverse("experiment_create"), data)
+
+    assert refused.status_code == 200
+    assert "may define a command agent or name agent secrets (no-op)" in str(refused.context["form"].errors)
+    assert allowed.status_code == 302 and Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_a_member_edits_an_experiment_with_a_command_agent_without_changing_it(member_client):
+    smoke_experiment()  # the example tasks; the demo's `scripted` arm is a command agent
+    import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES)
+    page = member_client.get(reverse("experiment_edit", args=["demo"]))
+    edit = {**_post_data_of(page), "description": "edited by a member"}
+
+    response = member_client.post(reverse("experiment_edit", args=["demo"]), edit)
+
+    assert response.status_code == 302, response.context and response.context["form"].errors
+    assert Experiment.objects.get(slug="demo").description == "edited by a member"

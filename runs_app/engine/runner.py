@@ -778,6 +778,30 @@ class TrialExecution:
         return True
 
 
+def sweep_sandboxes() -> int:
+    """Remove the sandbox folders of trials no worker runs any more (a killed worker leaves its
+    trials' folders behind): at worker start. Returns how many were removed."""
+    root = Path(settings.SANDBOX_ROOT)
+    if not root.is_dir():
+        return 0
+    now = timezone.now()
+    removed = 0
+    for folder in root.glob("trial-*"):
+        parts = folder.name.split("-")  # trial-<id>-a<attempt>-<token>
+        live = (
+            len(parts) == 4
+            and parts[1].isdigit()
+            and Trial.objects.filter(
+                pk=int(parts[1]), attempt=int(parts[2][1:] or 0), status=Trial.Status.RUNNING,
+                lease_expires_at__gt=now,
+            ).exists()
+        )  # fmt: skip
+        if not live:
+            workspace.cleanup(folder)
+            removed += 1
+    return removed
+
+
 def _resource_limit(result: sandbox.ProcessResult) -> str | None:
     """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
     if result.memory_exhausted:

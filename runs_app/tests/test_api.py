@@ -273,3 +273,15 @@ def test_it_shows_the_api_docs_only_to_signed_in_people(client, member):
 
     client.force_login(member)
     assert client.get("/api/docs").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"agent_type": "command"}, {"overrides": ["agent.command=id"]}, {"overrides": ["agent.secrets=[GITHUB_TOKEN]"]}],
+)
+def test_only_staff_and_agent_authors_run_command_agents_or_name_secrets(client, member_token, smoke, body):
+    response = start(client, member_token, body)
+
+    assert response.status_code == 400
+    assert "may run a command agent or hand agents secrets" in response.json()["detail"]
+    assert not Run.objects.exists()

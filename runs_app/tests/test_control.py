@@ -187,3 +187,19 @@ def test_a_finishing_run_is_summarised_with_its_row_lock_released(run, monkeypat
     assert depths == [depth_outside]
     assert run.status == Run.Status.FINISHED and run.gates_passed is True
     assert run.gate_results[0]["passed"]
+
+
+def test_a_starting_worker_sweeps_the_sandboxes_of_trials_nobody_runs(run, settings, tmp_path):
+    settings.SANDBOX_ROOT = tmp_path
+    live, dead = Trial.objects.filter(run=run)[:2]
+    assert runner.claim(live.pk, "this-host")  # running, with a fresh lease
+    kept = tmp_path / f"trial-{live.pk}-a1-aaaa1111"
+    gone = [tmp_path / f"trial-{dead.pk}-a1-bbbb2222", tmp_path / "trial-999999-a3-cccc3333"]
+    for folder in [kept, *gone]:
+        (folder / "workspace").mkdir(parents=True)
+    (tmp_path / "runtimes").mkdir()
+
+    assert runner.sweep_sandboxes() == 2
+
+    assert kept.exists() and (tmp_path / "runtimes").exists()
+    assert not any(folder.exists() for folder in gone)
