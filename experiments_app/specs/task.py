@@ -14,6 +14,7 @@ Conventions:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -35,6 +36,20 @@ ROW_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 ROW_VAR_RE = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
 TASK_DIR_TOKEN = "$TASK_DIR/"
 REFERENCE_DIR_TOKEN = "$REFERENCE_DIR"
+
+
+HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+
+
+def _local_host(host: str) -> bool:
+    """A name or address of the worker itself or of its private network."""
+    if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified
 
 
 def _check_relative(path: str, what: str) -> str:
@@ -162,10 +177,32 @@ class SandboxSpec(SpecModel):
     ignore_patterns: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
     )
+    # evalsite: no network but the model by default; `bridge` (coder-eval's name for egress)
+    # reaches only the hosts listed in allowed_hosts, through the gateway's CONNECT proxy.
+    network: Literal["none", "bridge"] = "none"
+    allowed_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _public_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not HOST_RE.match(host) or _local_host(host):
+                raise ValueError(
+                    f"allowed host {host!r} must be a public host name or address (no scheme, port, "
+                    "localhost or private address: the worker's own services are never reachable)"
+                )
+        return hosts
 
     @model_validator(mode="after")
     def _sources(self) -> SandboxSpec:
         check_template_sources(self.template_sources or [], ("template_sources",))
+        if self.network == "bridge" and not self.allowed_hosts:
+            raise SpecError(
+                (("network",), "network: bridge needs allowed_hosts: list the hosts the task may reach "
+                 "(evalsite gives no open internet)")
+            )  # fmt: skip
+        if self.allowed_hosts and self.network != "bridge":
+            raise SpecError((("allowed_hosts",), "allowed_hosts needs network: bridge"))
         return self
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import ipaddress
 import json
 import os
 import queue
@@ -251,7 +252,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(403, f"egress to {self.path} is not allowed for this task")
             return
         try:
-            upstream = socket.create_connection((host, int(port)), timeout=30)
+            address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][4]
+        except OSError as exc:
+            self._error(502, f"cannot resolve {host}: {exc}")
+            return
+        ip = ipaddress.ip_address(address[0])
+        if ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified:
+            # A public name that resolves to the worker or its network (DNS rebinding) is refused.
+            self._error(403, f"{host} resolves to {ip}, a private address: egress refused")
+            return
+        try:
+            upstream = socket.create_connection(address[:2], timeout=30)
         except OSError as exc:
             self._error(502, f"cannot reach {self.path}: {exc}")
             return

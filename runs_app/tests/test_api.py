@@ -277,7 +277,11 @@ def test_it_shows_the_api_docs_only_to_signed_in_people(client, member):
 
 @pytest.mark.parametrize(
     "body",
-    [{"agent_type": "command"}, {"overrides": ["agent.command=id"]}, {"overrides": ["agent.secrets=[GITHUB_TOKEN]"]}],
+    [
+        {"agent_type": "command"},
+        {"overrides": ["agent.command=id"]},
+        {"overrides": ["agent.secrets=[GITHUB_TOKEN]"]},
+    ],
 )
 def test_only_staff_and_agent_authors_run_command_agents_or_name_secrets(client, member_token, smoke, body):
     response = start(client, member_token, body)

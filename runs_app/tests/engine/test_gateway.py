@@ -160,3 +160,46 @@ def test_it_reads_usage_from_every_api_shape():
     assert (anthropic.model, anthropic.usage) == ("claude-haiku-4-5", Usage(10, 5, 3, 2))
     assert (chat_stream.model, chat_stream.usage) == ("gpt-4o", Usage(30, 7, 20, 0, reasoning_tokens=2))
     assert (responses.model, responses.usage) == ("gpt-5", Usage(20, 4, 10, 0))
+
+
+def connect_through(gateway_socket, target: str) -> bytes:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(gateway_socket))
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        return s.recv(4096)
+
+
+def test_egress_reaches_only_allowed_public_hosts(tmp_path):
+    from runs_app.engine.gateway import Gateway
+
+    gateway = Gateway(tmp_path / "g.sock", [], allowed_hosts=["localtest.me", "example.test"]).start()
+    try:
+        assert connect_through(gateway.socket_path, "pypi.org:443").startswith(b"HTTP/1.1 403")
+        # Listed, but resolving to the worker's own loopback (or not at all): refused too.
+        assert connect_through(gateway.socket_path, "127.0.0.1:5432").startswith(b"HTTP/1.1 403")
+        assert connect_through(gateway.socket_path, "example.test:443").startswith(b"HTTP/1.1 502")
+    finally:
+        gateway.close()
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "message"),
+    [
+        ({"network": "bridge"}, "network: bridge needs allowed_hosts"),
+        ({"network": "bridge", "allowed_hosts": ["localhost"]}, "must be a public host"),
+        ({"network": "bridge", "allowed_hosts": ["10.0.0.5"]}, "must be a public host"),
+        ({"network": "bridge", "allowed_hosts": ["https://pypi.org"]}, "must be a public host"),
+        ({"allowed_hosts": ["pypi.org"]}, "allowed_hosts needs network: bridge"),
+        ({"network": "host"}, "Input should be 'none' or 'bridge'"),
+    ],
+)
+def test_egress_settings_are_checked_at_import(sandbox, message):
+    from pydantic import ValidationError
+
+    from experiments_app.specs import SandboxSpec
+
+    with pytest.raises(ValidationError, match=message):
+        SandboxSpec.model_validate(sandbox)
+    assert SandboxSpec.model_validate({"network": "bridge", "allowed_hosts": ["pypi.org"]}).allowed_hosts
