@@ -24,6 +24,7 @@ real path. Pure Python, no Django.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -66,9 +67,11 @@ def bwrap_binary() -> str:
     return found
 
 
-def runtime_dirs() -> list[Path]:
+@functools.cache
+def runtime_dirs() -> tuple[Path, ...]:
     """The worker's runtimes the sandbox sees read-only: its Python (and virtualenv), the agent
-    CLIs of the project's node_modules, and the folders listed in SANDBOX_RUNTIME_DIRS."""
+    CLIs of the project's node_modules, and the folders listed in SANDBOX_RUNTIME_DIRS (read
+    once per worker process)."""
     dirs = [Path(sys.base_prefix), Path(sys.prefix), PROJECT_ROOT / "node_modules"]
     for name in ("EVALSITE_CLAUDE_BIN", "EVALSITE_CODEX_BIN"):
         if os.environ.get(name):
@@ -79,13 +82,14 @@ def runtime_dirs() -> list[Path]:
         folder = folder.resolve()
         if folder.is_dir() and not _under(folder, Path("/usr")) and folder not in kept:
             kept.append(folder)
-    return kept
+    return tuple(kept)
 
 
 def _under(path: Path, parent: Path) -> bool:
     return path == parent or path.is_relative_to(parent)
 
 
+@functools.cache
 def searchable_by_others(path: Path) -> bool:
     """Whether any uid can reach `path` (every folder on the way has o+x, the folder itself o+rx)."""
     for folder in [*reversed(path.parents), path]:
@@ -132,7 +136,8 @@ def _open_up(root: Path) -> None:
                 os.chmod(path, 0o755)
 
 
-def _system_args() -> list[str]:
+@functools.cache
+def _system_args() -> tuple[str, ...]:
     args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in _TOP_LEVEL:
         path = Path("/") / name
@@ -140,7 +145,7 @@ def _system_args() -> list[str]:
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
-    return args
+    return tuple(args)
 
 
 def command_line(

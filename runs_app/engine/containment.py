@@ -467,7 +467,7 @@ class Cgroup:
 
 
 def _remove_cgroup_folder(folder: Path) -> None:
-    for _ in range(100):  # a member killed a moment ago may still be leaving the cgroup
+    for _ in range(1000):  # a member killed a moment ago may still be leaving the cgroup
         try:
             folder.rmdir()
             return
@@ -476,7 +476,7 @@ def _remove_cgroup_folder(folder: Path) -> None:
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
-            time.sleep(0.01)
+            time.sleep(0.001)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -334,7 +334,9 @@ def run_process(
     try:
         cgroup_fds = cgroup.open_procs() if cgroup is not None else []
         memory_fallback = cgroup is None or not cgroup.has_memory
-        caps = _rlimits(limits, _nproc_limit(limits, identity), memory_fallback)
+        # A pids cgroup caps the tree exactly; RLIMIT_NPROC (a /proc scan per call) only without one.
+        nproc = _nproc_limit(limits, identity) if cgroup is None else None
+        caps = _rlimits(limits, nproc, memory_fallback)
         preexec = _make_preexec(identity, caps, cgroup_fds)
         started = time.monotonic()
         proc = subprocess.Popen(
