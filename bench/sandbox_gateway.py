@@ -100,6 +100,9 @@ def main() -> None:
     request = json.dumps({"model": "claude-sonnet-4-6", "messages": []}).encode()
     headers = {"Content-Type": "application/json"}
     direct_conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1])
+    direct_conn.connect()
+    # http.client writes headers and body apart: without this, Nagle + delayed ACK add 40 ms.
+    direct_conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     gateway_conn = UnixHTTPConnection(str(gateway.socket_path))
 
     def direct():

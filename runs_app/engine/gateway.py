@@ -91,6 +91,7 @@ class Call:
     latency_ms: float = 0.0
     stream: bool = False
     attempt: int = 1
+    recorded: bool = False
 
     @property
     def is_generation(self) -> bool:
@@ -137,6 +138,8 @@ class Gateway:
         self.crossed: str | None = None
         self.events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
         self._bodies: dict[str, int] = {}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -164,6 +167,21 @@ class Gateway:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+
+    def settle(self, timeout: float = 5.0) -> None:
+        """Wait for the calls still being forwarded (an agent may exit as soon as it has read its
+        last answer, before the gateway has counted it)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
 
     def stop_reason(self) -> str | None:
         """The budget crossed (the runner stops the agent), else None."""
@@ -277,6 +295,13 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_GET
 
     def _proxy(self) -> None:
+        self.gateway._enter()
+        try:
+            self._proxy_call()
+        finally:
+            self.gateway._leave()
+
+    def _proxy_call(self) -> None:
         api, _, rest = self.path.lstrip("/").partition("/")
         upstream = self.gateway.upstreams.get(api)
         if upstream is None:
@@ -299,7 +324,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._forward(upstream, rest, body, call, started)
         finally:
-            self.gateway.record(call)
+            if not call.recorded:
+                self.gateway.record(call)
 
     def _body(self) -> bytes | None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -345,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in response.getheaders():
             if name.lower() not in HOP_BY_HOP:
                 self.send_header(name, value)
+        # The call is recorded before the agent gets the response's last bytes: an agent that exits
+        # the moment it has its answer must not leave a call uncounted.
         if streaming:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -352,17 +380,23 @@ class _Handler(BaseHTTPRequestHandler):
                 reader.feed(chunk)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
+            self._record(reader, call, started)
             self.wfile.write(b"0\r\n\r\n")
         else:
             data = response.read()
             reader.feed(data)
+            self._record(reader, call, started)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
         self.wfile.flush()
+        conn.close()
+
+    def _record(self, reader: _UsageReader, call: Call, started: float) -> None:
         reader.finish()
         call.latency_ms = (time.perf_counter() - started) * 1000
-        conn.close()
+        self.gateway.record(call)
+        call.recorded = True
 
     def _error(self, status: int, message: str) -> None:
         body = json.dumps(

@@ -510,6 +510,8 @@ class TrialExecution:
                 tmp=self.paths.tmp,
                 stage_root=self._stage_root(),
             )
+        if model_gateway is not None:
+            model_gateway.settle()
         record_calls()
         self.agent_process_seconds = result.duration_seconds if result else 0.0
         if model_gateway is not None and state["limit"] is None:
