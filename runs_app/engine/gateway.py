@@ -355,7 +355,9 @@ class _Handler(BaseHTTPRequestHandler):
         connection_class = (
             http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
         )
-        conn = connection_class(target.hostname, target.port, timeout=600)
+        # run_limits.turn_timeout: a model call that stays silent this long is abandoned.
+        timeout = float(self.gateway.limits.get("turn_timeout") or 600)
+        conn = connection_class(target.hostname, target.port, timeout=timeout)
         try:
             conn.request(self.command, path, body=body or None, headers=headers)
             response = conn.getresponse()
