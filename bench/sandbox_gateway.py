@@ -99,15 +99,15 @@ def main() -> None:
     gateway = Gateway(paths.root / "bench.sock", [Upstream("anthropic", url, "sk-bench")]).start()
     request = json.dumps({"model": "claude-sonnet-4-6", "messages": []}).encode()
     headers = {"Content-Type": "application/json"}
-    direct_conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1])
-    direct_conn.connect()
-    # http.client writes headers and body apart: without this, Nagle + delayed ACK add 40 ms.
-    direct_conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     gateway_conn = UnixHTTPConnection(str(gateway.socket_path))
 
     def direct():
-        direct_conn.request("POST", "/v1/messages", body=request, headers=headers)
-        direct_conn.getresponse().read()
+        # A new connection per call, as the gateway opens upstream (a kept-alive one would meet
+        # Nagle + delayed ACK: http.server writes headers and body apart).
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1])
+        conn.request("POST", "/v1/messages", body=request, headers=headers)
+        conn.getresponse().read()
+        conn.close()
 
     def through():
         gateway_conn.request("POST", "/anthropic/v1/messages", body=request, headers=headers)
