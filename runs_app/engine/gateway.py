@@ -156,7 +156,10 @@ class Gateway:
 
         Handler.gateway = gateway
         self._server = _Server(str(self.socket_path), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True)
+        # A short poll: close() (shutdown) waits for the loop to notice, once per trial.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="gateway", daemon=True
+        )
         self._thread.start()
         return self
 
