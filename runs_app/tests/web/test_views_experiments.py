@@ -4,27 +4,11 @@ import pytest
 from django.urls import reverse
 
 from experiments_app.models import Experiment, Variant
+from experiments_app.tests.test_views_experiments import _post_data_of
 from runs_app.models import Run
 from runs_app.tests.web.builders import launched_run, smoke_experiment
 
 pytestmark = pytest.mark.django_db
-
-
-def _post_data_of(response) -> dict:
-    """What the browser would send back for an unchanged edit form."""
-    data = {}
-    forms = [
-        response.context["form"],
-        response.context["formset"].management_form,
-        *response.context["formset"],
-    ]
-    for form in forms:
-        for field in form:
-            value = field.value()
-            if value is None or field.field.disabled:
-                continue
-            data[field.html_name] = [str(v) for v in value] if isinstance(value, list) else str(value)
-    return data
 
 
 def test_it_sends_anonymous_visitors_to_login(client):
