@@ -57,16 +57,8 @@ def _no_control_characters(value: str) -> str:
     return value
 
 
-def _known_kind(value: str) -> str:
-    if not agent_kinds.is_known(value):
-        raise ValueError(
-            f"unknown agent kind {value!r}; expected one of: {', '.join(agent_kinds.known_kinds())}"
-        )
-    return value
-
-
 Text = Annotated[str, StringConstraints(max_length=1000), AfterValidator(_no_control_characters)]
-AgentKindName = Annotated[str, StringConstraints(max_length=200), AfterValidator(_known_kind)]
+AgentKindName = Annotated[str, StringConstraints(max_length=200), AfterValidator(agent_kinds.check_kind)]
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN, max_length=100)]
 ModelName = Annotated[
     str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_control_characters)

@@ -36,3 +36,10 @@ def known_kinds() -> list[str]:
 
 def is_known(kind: str) -> bool:
     return kind in BUILTIN_KINDS or kind in plugin_entry_points()
+
+
+def check_kind(kind: str) -> str:
+    """`kind` if it is known; else a ValueError listing the known kinds (specs and the API)."""
+    if not is_known(kind):
+        raise ValueError(f"unknown agent type {kind!r}; expected one of: {', '.join(known_kinds())}")
+    return kind

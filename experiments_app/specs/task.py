@@ -74,10 +74,7 @@ class AgentSpec(SpecModel):
     @field_validator("type")
     @classmethod
     def _known_kind(cls, v: str | None) -> str | None:
-        if v is not None and not agent_kinds.is_known(v):
-            known = ", ".join(agent_kinds.known_kinds())
-            raise ValueError(f"unknown agent type {v!r}; expected one of: {known}")
-        return v
+        return v if v is None else agent_kinds.check_kind(v)
 
 
 # --- sandbox -----------------------------------------------------------------------------

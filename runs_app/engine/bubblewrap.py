@@ -175,18 +175,3 @@ def command_line(
         args += ["--bind" if mount.writable else "--ro-bind", str(mount.path), str(mount.path)]
     args += ["--chdir", str(cwd), "--", *command]
     return args
-
-
-def check_available() -> None:
-    """Raise SandboxUnavailable when bwrap cannot start a sandbox on this machine."""
-    done = subprocess.run(
-        [bwrap_binary(), "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SandboxUnavailable(
-            f"bubblewrap cannot create namespaces on this worker ({done.stderr.strip()}): unprivileged "
-            "user namespaces must be enabled (sysctl kernel.unprivileged_userns_clone=1, "
-            "user.max_user_namespaces > 0)"
-        )

@@ -113,6 +113,7 @@ class Call:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    gateway: Gateway
 
 
 class Gateway:
@@ -149,13 +150,8 @@ class Gateway:
     def start(self) -> Gateway:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        gateway = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.gateway = gateway
-        self._server = _Server(str(self.socket_path), Handler)
+        self._server = _Server(str(self.socket_path), _Handler)
+        self._server.gateway = self
         # A short poll: close() (shutdown) waits for the loop to notice, once per trial.
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="gateway", daemon=True
@@ -259,7 +255,11 @@ class Gateway:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    gateway: Gateway
+    server: _Server
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.server.gateway
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
         pass  # calls are recorded as trial events, not on the worker's stderr

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -236,7 +235,6 @@ class TrialExecution:
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
-        self.gateway: gateway.Gateway | None = None
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -359,20 +357,11 @@ class TrialExecution:
             wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
             memory_bytes=self._memory_bytes(), **COMMAND_LIMITS,
         )  # fmt: skip
-        mounts, extra = self._mounts(), {}
+        mounts, extra = [], {}
         if grading:
             mounts.append(sandbox.Mount(self.task_bundle_dir))
             extra = {"TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir), **self._reference_env()}
-        result = sandbox.run_process(
-            command,
-            cwd=self.paths.workspace,
-            env=self._env(extra=extra),
-            limits=limits,
-            should_stop=self.heartbeat.stop_reason,
-            mounts=mounts,
-            tmp=self.paths.tmp,
-            stage_root=self._stage_root(),
-        )
+        result = self._sandboxed(command, limits=limits, extra=extra, mounts=mounts)
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
 
@@ -388,12 +377,12 @@ class TrialExecution:
             return Outcome(Trial.Status.ERROR, exc.category, str(exc))
         if refused := _refused_secrets(agent_config.get("secrets") or []):
             return refused
-        self.gateway = self._gateway_for(kind, agent_config)
+        model_gateway = self._gateway_for(kind, agent_config)
         try:
-            return self._run_agent_process(kind, agent_config)
+            return self._run_agent_process(kind, agent_config, model_gateway)
         finally:
-            if self.gateway is not None:
-                self.gateway.close()
+            if model_gateway is not None:
+                model_gateway.close()
 
     def _gateway_for(self, kind: agents.AgentKind, agent_config: dict) -> gateway.Gateway | None:
         """The trial's model gateway, for kinds that call a model API: the agent gets placeholder
@@ -418,27 +407,31 @@ class TrialExecution:
             allowed_hosts=list(box.get("allowed_hosts") or []),
         ).start()
 
-    def _sandbox_secrets(self, kind: agents.AgentKind) -> dict[str, str]:
+    def _sandbox_secrets(
+        self, kind: agents.AgentKind, model_gateway: gateway.Gateway | None
+    ) -> dict[str, str]:
         """What `prepare` may read as the worker's environment: the gateway's placeholders for the
         model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
         values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
-        if self.gateway is not None:
+        if model_gateway is not None:
             for api in kind.model_apis:
                 key_name, url_name, _ = MODEL_APIS[api]
                 values.pop(key_name, None)
                 values.pop(url_name, None)
-                upstream = self.gateway.upstreams[api]
+                upstream = model_gateway.upstreams[api]
                 if upstream.key:  # a kind that needs a key still says which one is missing
                     values[key_name] = gateway.PLACEHOLDER_KEY
                 values[url_name] = upstream.sandbox_url
         return values
 
-    def _run_agent_process(self, kind: agents.AgentKind, agent_config: dict) -> Outcome:
-        box_secrets = self._sandbox_secrets(kind)
-        if self.gateway is not None and len(kind.model_apis) == 1:
+    def _run_agent_process(
+        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
+    ) -> Outcome:
+        box_secrets = self._sandbox_secrets(kind, model_gateway)
+        if model_gateway is not None and len(kind.model_apis) == 1:
             agent_config = {
                 **agent_config,
-                "base_url": self.gateway.upstreams[kind.model_apis[0]].sandbox_url,
+                "base_url": model_gateway.upstreams[kind.model_apis[0]].sandbox_url,
             }
         try:
             invocation = kind.prepare(
@@ -455,7 +448,6 @@ class TrialExecution:
         parser = kind.parser(agent_config)
         run_limits = self.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
-        model_gateway = self.gateway
 
         def record_calls() -> None:
             if model_gateway is not None:
@@ -488,27 +480,17 @@ class TrialExecution:
 
         result = None
         if invocation.argv is not None:
-            argv, mounts = invocation.argv, self._mounts() + self._agent_mounts(agent_config)
-            if model_gateway is not None:
-                argv = gateway.wrap_command(argv, model_gateway.socket_path, sys.executable)
-                mounts.append(sandbox.Mount(model_gateway.socket_path))
-                if self.paths.uid is not None:
-                    os.chown(model_gateway.socket_path, self.paths.uid, self.paths.uid)
-            result = sandbox.run_process(
-                argv,
-                cwd=self.paths.workspace,
-                env=self._env(
-                    secrets=secrets,
-                    extra={**(model_gateway.sandbox_env() if model_gateway else {}), **invocation.env_extra},
-                ),
+            result = self._sandboxed(
+                invocation.argv,
                 limits=self._agent_limits(),
+                secrets=secrets,
+                extra=invocation.env_extra,
+                mounts=self._agent_mounts(agent_config),
+                via=model_gateway,
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
                 should_stop=should_stop,
                 poll_interval=0.1,
-                mounts=mounts,
-                tmp=self.paths.tmp,
-                stage_root=self._stage_root(),
             )
         if model_gateway is not None:
             model_gateway.settle()
@@ -620,45 +602,54 @@ class TrialExecution:
             stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
         )
 
-    def _git(self, argv: list[str], timeout: float) -> tuple[int, str, bool]:
-        """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT
-        proxy to the repository's host; the scrubbed environment, no credentials."""
-        host = (
-            urlsplit(next(arg for arg in argv if arg.startswith("https://"))).hostname
-            if "clone" in argv
-            else ""
-        )
-        proxy = gateway.Gateway(self.root / "git.sock", [], allowed_hosts=[host] if host else []).start()
-        try:
+    def _sandboxed(
+        self,
+        argv: list[str] | str,
+        *,
+        limits: sandbox.Limits,
+        secrets: dict[str, str] | None = None,
+        extra: dict[str, str] | None = None,
+        mounts: list[sandbox.Mount] | None = None,
+        via: gateway.Gateway | None = None,
+        **options: Any,
+    ) -> sandbox.ProcessResult:
+        """One command in the trial's sandbox: its workspace, HOME and /tmp, plus `mounts`; with
+        `via`, behind that gateway (the forwarder on the sandbox's loopback, its socket mounted)."""
+        mounts = [sandbox.Mount(self.paths.home, writable=True), *(mounts or [])]
+        extra = dict(extra or {})
+        if via is not None:
+            argv = gateway.wrap_command(list(argv), via.socket_path, sys.executable)
+            mounts.append(sandbox.Mount(via.socket_path))
             if self.paths.uid is not None:
-                os.chown(proxy.socket_path, self.paths.uid, self.paths.uid)
-            result = sandbox.run_process(
-                gateway.wrap_command(argv, proxy.socket_path, sys.executable),
-                cwd=self.paths.workspace,
-                env=self._env(extra={**proxy.sandbox_env(), "GIT_TERMINAL_PROMPT": "0"}),
-                limits=sandbox.Limits(
-                    wall_seconds=timeout, memory_bytes=self._memory_bytes(), **COMMAND_LIMITS
-                ),
-                should_stop=self.heartbeat.stop_reason,
-                mounts=[*self._mounts(), sandbox.Mount(proxy.socket_path)],
-                tmp=self.paths.tmp,
-                stage_root=self._stage_root(),
-            )
+                os.chown(via.socket_path, self.paths.uid, self.paths.uid)
+            extra = {**via.sandbox_env(), **extra}
+        options.setdefault("should_stop", self.heartbeat.stop_reason)
+        return sandbox.run_process(
+            argv,
+            cwd=self.paths.workspace,
+            env=self._env(secrets=secrets, extra=extra),
+            limits=limits,
+            mounts=mounts,
+            tmp=self.paths.tmp,
+            stage_root=Path(settings.SANDBOX_ROOT) / "runtimes",
+            **options,
+        )
+
+    def _git(self, argv: list[str], timeout: float, host: str) -> tuple[int, str, bool]:
+        """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT
+        proxy to the repository's `host`; the scrubbed environment, no credentials."""
+        proxy = gateway.Gateway(self.root / "git.sock", [], allowed_hosts=[host]).start()
+        try:
+            limits = sandbox.Limits(wall_seconds=timeout, memory_bytes=self._memory_bytes(), **COMMAND_LIMITS)
+            result = self._sandboxed(argv, limits=limits, extra={"GIT_TERMINAL_PROMPT": "0"}, via=proxy)
         finally:
             proxy.close()
         return (result.exit_code if result.exit_code is not None else -1), result.stderr, result.timed_out
-
-    def _mounts(self) -> list[sandbox.Mount]:
-        """What every command of the trial sees besides its workspace: its HOME."""
-        return [sandbox.Mount(self.paths.home, writable=True)]
 
     def _agent_mounts(self, agent_config: dict) -> list[sandbox.Mount]:
         """The agent's script (agent.script), read-only: nothing else of the bundles."""
         script = agent_config.get("script_path")
         return [sandbox.Mount(Path(script))] if script else []
-
-    def _stage_root(self) -> Path:
-        return Path(settings.SANDBOX_ROOT) / "runtimes"
 
     def _disk_bytes(self) -> int:
         box = (self.config.get("sandbox") or {}).get("limits") or {}

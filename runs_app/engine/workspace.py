@@ -25,6 +25,7 @@ import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from runs_app.engine import sandbox
 
@@ -81,8 +82,8 @@ class SandboxPaths:
     uid: int | None  # the uid leased to this trial (root workers), else None
 
 
-# git argv, timeout -> (exit code, stderr, timed out)
-GitRunner = Callable[[list[str], float], tuple[int, str, bool]]
+# git argv, timeout, the one host it may reach -> (exit code, stderr, timed out)
+GitRunner = Callable[[list[str], float, str], tuple[int, str, bool]]
 
 # ---------------------------------------------------------------------------------------------
 # Layout and cleanup
@@ -282,8 +283,9 @@ def _clone_repo(workspace: Path, source: dict, timeout: float, where: str, git: 
         steps.append(
             ("checkout", ["git", "-C", str(target), "checkout", "--quiet", "--detach", str(commit), "--"])
         )
+    host = urlsplit(url).hostname or ""
     for verb, command in steps:
-        code, stderr, timed_out = git(command, timeout)
+        code, stderr, timed_out = git(command, timeout, host)
         if timed_out:
             raise WorkspaceError(f"{where}: `git {verb}` of {url} took over {timeout:g} s")
         if code != 0:

@@ -26,7 +26,7 @@ def get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
 @login_required
 @require_GET
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = with_last_run(Experiment.objects.prefetch_related("variants")).order_by("slug")
+    experiments = with_last_run(Experiment.objects.with_variants()).order_by("slug")
     return render(request, "experiments/experiment_list.html", {"experiments": experiments})
 
 

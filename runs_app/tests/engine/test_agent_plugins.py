@@ -127,4 +127,4 @@ def test_the_api_accepts_a_plugin_kind_for_every_variant(plugin, tmp_path, clien
     )
 
     assert ok.status_code == 201, ok.content
-    assert bad.status_code == 422 and "unknown agent kind 'stmp'" in bad.json()["detail"]
+    assert bad.status_code == 422 and "unknown agent type 'stmp'" in bad.json()["detail"]

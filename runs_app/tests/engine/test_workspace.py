@@ -246,7 +246,8 @@ URL = "https://git.example.test/origin.git"
 def local_git(origin: Path):
     """The runner's git, with the https remote served from a local folder (no network here)."""
 
-    def run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
+    def run(argv: list[str], timeout: float, host: str) -> tuple[int, str, bool]:
+        assert host == "git.example.test"  # the only host the clone may reach
         argv = [str(origin) if arg == URL else arg for arg in argv]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         return done.returncode, done.stderr, False
