@@ -21,22 +21,31 @@ class GateModel(BaseModel):
 
 
 class MinPassRateGate(GateModel):
-    """passed / (passed + failed) must reach `value`: for `variant`, for every variant when
-    omitted, or pooled over all variants with `overall: true`."""
+    """The pass rate must reach `value`: for `variant`, for every variant when omitted, or over
+    all variants with `overall: true`. By default its interval's lower bound must reach it (the
+    run shows, with the run's confidence, that the rate is at least `value`); `use: estimate`
+    judges the point estimate alone."""
 
     type: Literal["min_pass_rate"]
     value: float = Field(ge=0.0, le=1.0)
     variant: str | None = None
     overall: bool = False
+    use: Literal["lower_bound", "estimate"] = "lower_bound"
 
 
 class NoRegressionGate(GateModel):
-    """No variant (or only `variant`) is significantly worse than the baseline: fails when the
-    Δ pass rate is negative and its Holm-adjusted p-value is below `alpha`."""
+    """No variant (or only `variant`) is worse than the baseline, on evidence.
+
+    Fails when a variant shares fewer than `min_clusters` graded clusters with the baseline
+    (too little evidence to say), when no valid test compares them, and then either when Δ is
+    negative with a Holm-adjusted p below `alpha`, or, with a `margin` (non-inferiority), when
+    the lower bound of Δ's interval is below -margin."""
 
     type: Literal["no_regression"]
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     variant: str | None = None
+    margin: float | None = Field(default=None, gt=0.0, le=1.0)
+    min_clusters: int = Field(default=10, ge=2)
 
 
 class MaxErrorShareGate(GateModel):

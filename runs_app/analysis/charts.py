@@ -36,7 +36,7 @@ def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
 
 def forest_figure(comparison: Comparison) -> dict[str, Any]:
     """Δ pass rate of every arm against the baseline, with its paired 95% interval."""
-    others = [arm for arm in comparison.others if arm.versus and arm.versus.tasks]
+    others = [arm for arm in comparison.others if arm.versus]
     # Plotly draws the first category at the bottom; reverse so the table's order reads down.
     others.reverse()
     points = {
@@ -51,9 +51,9 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
             "arrayminus": [arm.versus.delta - arm.versus.low for arm in others],
         },
         "marker": {"size": 10, "color": ARM_COLOUR},
-        "customdata": [[arm.versus.low, arm.versus.high, arm.versus.p_holm] for arm in others],
+        "customdata": [[arm.versus.low, arm.versus.high, _p_text(arm.versus.p_holm)] for arm in others],
         "hovertemplate": "%{y}<br>Δ %{x:+.1%} [%{customdata[0]:+.1%}, %{customdata[1]:+.1%}]"
-        "<br>Holm p %{customdata[2]:.3g}<extra></extra>",
+        "<br>Holm p %{customdata[2]}<extra></extra>",
     }
     baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
     layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
@@ -114,8 +114,11 @@ def _error_bars(arms: list[ArmSummary], value: str, low: str, high: str) -> dict
 
 
 def _interval_name(comparison: Comparison) -> str:
-    method = "bootstrap" if comparison.repeats > 1 else "Wilson"
-    return f"{round(comparison.confidence * 100)}% {method}"
+    return f"{round(comparison.confidence * 100)}% cluster-robust ({comparison.cluster})"
+
+
+def _p_text(p_value: float | None) -> str:
+    return "not tested" if p_value is None else f"{p_value:.3g}"
 
 
 def _layout(title: str) -> dict[str, Any]:

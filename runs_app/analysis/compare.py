@@ -1,27 +1,40 @@
 """What a comparison computes from the loaded data: pure Python, no Django, no queries.
 
-Used by the comparison pages, the command line, the reports, the API and the gates. An arm is
-one variant of one run; across several runs the same variant in two runs is two arms ("fast@12"
-and "fast@15"), so a new run compares against an old one. Tasks pair across arms by Task, not
-by version: a task that changed between runs still pairs, and a warning names it.
+Used by the comparison pages, the run page, the command line, the reports, the API and the
+gates: every one of them shows the rates, intervals and Δ computed here, so they agree.
 
-`analysis.load.load` reads a `ComparisonData`; `compare` turns it into a `Comparison`: per-arm
-statistics, each arm against the baseline, the heat-map rows and the warnings. Outcomes are
-counted by the one rule of `analysis.tally`.
+An arm is one variant of one run; across several runs the same variant in two runs is two arms
+("fast@12" and "fast@15"). The analysis unit is one (task, dataset row) pair; units pair across
+arms by task and row, not by version (a task that changed between runs still pairs, a warning
+names it, and no test is run across the change). Units are grouped into clusters, the
+independent draws of every interval and test: each unit its own (`unit`, the default), by
+`task`, or by a task's first `tag`. Outcomes are counted by the one rule of `analysis.tally`;
+the estimates come from `analysis.inference`.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 
-from runs_app.analysis import stats
-from runs_app.analysis.bootstrap import CONFIDENCE, ITERATIONS, PassCount, task_bootstrap
-from runs_app.analysis.tally import pass_rate
+from scipy import stats as scipy_stats
+
+from runs_app.analysis import inference, notes, stats
+from runs_app.analysis.inference import Interval, PassCount
+from runs_app.analysis.tally import Tally
+
+CONFIDENCE = 0.95
+ALPHA = 0.05
+POWER = 0.8
+CLUSTERINGS = {
+    "unit": "each (task, dataset row) its own cluster",
+    "task": "units clustered by task",
+    "tag": "units clustered by their task's first tag",
+}
 
 
 class Run(Protocol):
@@ -36,33 +49,36 @@ class Run(Protocol):
     def is_final(self) -> bool: ...
 
 
-# Below this many paired tasks a bootstrap interval is too narrow to trust (stats docstring).
-FEW_TASKS = 10
-# Warnings list this many task names, then "and N more".
-LISTED = 10
-
 # Cell fields that add up when two cells merge.
-SUMMED = ("passed", "failed", "errors", "cancelled", "total", "score_sum", "score_n")
+SUMMED = ("passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n")
 SUMMED += ("duration_sum", "duration_n", "tokens", "cost", "dataset_rows")
 # Summary CSV column -> Versus attribute.
 VERSUS_COLUMNS = {
-    "paired_tasks": "tasks",
+    "paired_units": "units",
+    "paired_clusters": "clusters",
+    "baseline_rate_paired": "baseline_rate",
+    "rate_paired": "arm_rate",
     "delta": "delta",
     "delta_low": "low",
     "delta_high": "high",
+    "detectable_delta": "mde",
     "test": "test",
     "p_value": "p_value",
     "p_holm": "p_holm",
+    "untested_because": "untested",
+    "delta_if_errors_fail": "delta_if_errors_fail",
+    "infra_error_p": "error_p",
 }
 
 
 @dataclass
 class Cell:
-    """The current trials of one task in one arm."""
+    """The current trials of one unit (or, merged, one task) in one arm."""
 
     passed: int = 0
     failed: int = 0
     errors: int = 0
+    agent_errors: int = 0
     cancelled: int = 0
     total: int = 0
     score_sum: float = 0.0
@@ -77,21 +93,35 @@ class Cell:
     dataset_rows: int = 0
 
     @property
+    def tally(self) -> Tally:
+        return Tally(self.passed, self.failed, self.errors, self.agent_errors)
+
+    @property
     def n(self) -> int:
-        """Graded trials: the denominator of the pass rate."""
-        return self.passed + self.failed
+        """Graded trials (agent errors included): the denominator of the pass rate."""
+        return self.tally.graded
 
     @property
     def rate(self) -> float | None:
-        return pass_rate(self.passed, self.failed)
+        return self.tally.rate
 
     @property
     def pending(self) -> int:
-        return self.total - self.n - self.errors - self.cancelled
+        return self.total - self.passed - self.failed - self.errors - self.cancelled
 
     @property
     def mean_duration(self) -> float | None:
         return self.duration_sum / self.duration_n if self.duration_n else None
+
+    def merged(self, other: Cell) -> Cell:
+        return Cell(
+            **{name: getattr(self, name) + getattr(other, name) for name in SUMMED},
+            first_trial_id=min((i for i in (self.first_trial_id, other.first_trial_id) if i), default=None),
+            fingerprints=(
+                min(self.fingerprints[0], other.fingerprints[0]),
+                max(self.fingerprints[1], other.fingerprints[1]),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +142,22 @@ class TaskInfo:
     tags: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One (task, dataset row): the analysis unit."""
+
+    task: TaskInfo
+    row: str = ""  # the dataset row id; "" for a plain task
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.task.task_id, self.row)
+
+    @property
+    def label(self) -> str:
+        return f"{self.task.slug}/{self.row}" if self.row else self.task.slug
+
+
 @dataclass
 class ComparisonData:
     """What `load` read from the database; `compare` needs nothing else."""
@@ -119,9 +165,12 @@ class ComparisonData:
     runs: list[Run]
     arms: list[Arm]
     tasks: list[TaskInfo]  # sorted by slug
-    cells: dict[tuple[str, int], Cell]  # (arm key, task id)
+    units: list[Unit]  # sorted by task slug, then row
+    cells: dict[tuple[str, int, str], Cell]  # (arm key, task id, row)
     digests: dict[tuple[int, int], str]  # (run id, task id) -> task bundle digest
     default_baseline: str | None
+    # (arm key, criterion label) -> {(task id, row): (passes, n)}
+    criteria: dict[tuple[str, str], dict[tuple[int, str], PassCount]] = field(default_factory=dict)
 
     @property
     def tags(self) -> list[str]:
@@ -129,26 +178,52 @@ class ComparisonData:
 
 
 @dataclass
-class TaskDelta:
-    slug: str
+class UnitDelta:
+    unit: str
     baseline: str  # "k/n"
     variant: str
     delta: float
+    p_value: float  # Fisher's exact test of this unit alone
+
+    @property
+    def slug(self) -> str:
+        return self.unit
 
 
 @dataclass
 class Versus:
-    """An arm against the baseline, over the tasks both graded."""
+    """An arm against the baseline, over the units both graded.
 
-    tasks: int
+    `baseline_rate` and `arm_rate` are both arms' rates over exactly those units, so
+    Δ = arm_rate - baseline_rate. `p_value` is None while a run is still going and where no
+    test is valid (`untested` says why)."""
+
+    units: int
+    clusters: int
+    baseline_rate: float
+    arm_rate: float
     delta: float
     low: float
     high: float
-    p_value: float
-    test: str  # "McNemar exact" or "paired bootstrap"
-    p_holm: float = 1.0
-    improved: list[TaskDelta] = field(default_factory=list)
-    regressed: list[TaskDelta] = field(default_factory=list)
+    se: float | None
+    mde: float | None  # the |Δ| this design detects with 80% power at α
+    test: str | None
+    p_value: float | None = None
+    p_holm: float | None = None
+    untested: str = ""
+    delta_if_errors_fail: float | None = None
+    delta_if_errors_fail_low: float | None = None
+    delta_if_errors_fail_high: float | None = None
+    baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
+    arm_error_share: float | None = None
+    error_p: float | None = None  # sign-flip p of equal infrastructure error shares
+    improved: list[UnitDelta] = field(default_factory=list)
+    regressed: list[UnitDelta] = field(default_factory=list)
+    listed_by_chance: float = 0.0  # at most this many units listed if nothing changed
+
+    @property
+    def errors_differ(self) -> bool:
+        return self.error_p is not None and self.error_p < ALPHA
 
 
 @dataclass
@@ -162,24 +237,40 @@ class ArmSummary:
     passed: int
     failed: int
     errors: int
+    agent_errors: int
     cancelled: int
     pending: int
+    units: int  # units with at least one graded trial
+    clusters: int
     pass_rate: float | None
     low: float | None
     high: float | None
-    interval: str  # "Wilson" or "cluster bootstrap"
+    interval: str  # how the interval was computed, in words
+    rate_if_errors_fail: float | None
+    rate_if_errors_fail_low: float | None
+    rate_if_errors_fail_high: float | None
     mean_score: float | None
-    # The median over tasks of each task's mean graded-trial duration: every task weighs the
-    # same, as in the rest of the comparison; with one repeat it is the median trial duration.
+    mean_score_low: float | None
+    mean_score_high: float | None
+    # The median over units of each unit's mean graded-trial duration.
     median_duration: float | None
     pass_at_k: dict[int, float]
+    pass_at_k_low: dict[int, float]
+    pass_at_k_high: dict[int, float]
+    pass_at_k_units: dict[int, int]  # units with at least k graded trials
     pass_hat_k: dict[int, float]
     tokens: int
     cost: float
     cost_per_pass: float | None
+    cost_per_pass_low: float | None
+    cost_per_pass_high: float | None
     flaky: list[str]
     not_comparable: list[str]
     versus: Versus | None = None
+
+    @property
+    def infra_errors(self) -> int:
+        return self.errors - self.agent_errors
 
     @property
     def mean_cost(self) -> float | None:
@@ -191,7 +282,15 @@ class ArmSummary:
 @dataclass
 class HeatRow:
     task: TaskInfo
-    cells: list[Cell | None]  # one per arm, in the arms' order
+    cells: list[Cell | None]  # one per arm, in the arms' order; a task's rows merged
+
+
+@dataclass
+class BreakdownRow:
+    """One tag or criterion: each arm's rate and interval over the units it covers."""
+
+    name: str
+    cells: list[Interval | None]
 
 
 @dataclass
@@ -200,12 +299,18 @@ class Comparison:
     arms: list[ArmSummary]
     baseline: str
     tags: list[str]
-    repeats: int  # most trials of one task in one arm; 1 selects the one-repeat methods
-    iterations: int
-    seed: int
+    cluster: str
+    repeats: int  # most graded trials of one unit in one arm
     confidence: float
+    alpha: float
+    seed: int
+    final: bool  # every run has ended: p-values are shown
     rows: list[HeatRow]
+    units: int
+    by_tag: list[BreakdownRow]
+    by_criterion: list[BreakdownRow]
     warnings: list[str]
+    overall: Interval | None = None  # every arm's trials of a unit together
 
     @property
     def baseline_arm(self) -> ArmSummary:
@@ -219,25 +324,35 @@ class Comparison:
     def max_k(self) -> int:
         return max((max(arm.pass_at_k, default=0) for arm in self.arms), default=0)
 
+    @property
+    def method(self) -> str:
+        """The interval and test, in words (beside every interval shown)."""
+        return method_text(self.cluster, self.confidence)
+
+    def arm(self, key: str) -> ArmSummary | None:
+        return next((arm for arm in self.arms if arm.key == key), None)
+
     def to_dict(self) -> dict[str, Any]:
-        """The summary as JSON-ready data (no per-task matrix: see `trial_rows` for trials)."""
+        """The summary as JSON-ready data (no per-unit matrix: see `trial_rows` for trials)."""
         return {
             "runs": [
-                {
-                    "id": run.pk,
-                    "status": run.status,
-                    "fingerprint": run.fingerprint,
-                    "gates": run.gate_results,
-                }
+                {"id": run.pk, "status": run.status, "fingerprint": run.fingerprint, "gates": run.gate_results}
                 for run in self.runs
             ],
             "baseline": self.baseline,
             "tags": self.tags,
+            "cluster": self.cluster,
+            "method": self.method,
             "repeats": self.repeats,
+            "units": self.units,
             "tasks": len(self.rows),
             "confidence": self.confidence,
-            "bootstrap": {"iterations": self.iterations, "seed": self.seed},
+            "alpha": self.alpha,
+            "final": self.final,
             "arms": [asdict(arm) for arm in self.arms],
+            "overall": self.overall._asdict() if self.overall else None,
+            "by_tag": [_breakdown_dict(row, self.arms) for row in self.by_tag],
+            "by_criterion": [_breakdown_dict(row, self.arms) for row in self.by_criterion],
             "warnings": self.warnings,
         }
 
@@ -254,12 +369,16 @@ class Comparison:
                 "passed": arm.passed,
                 "failed": arm.failed,
                 "errors": arm.errors,
+                "agent_errors": arm.agent_errors,
                 "cancelled": arm.cancelled,
                 "pending": arm.pending,
+                "units": arm.units,
+                "clusters": arm.clusters,
                 "pass_rate": arm.pass_rate,
                 "pass_rate_low": arm.low,
                 "pass_rate_high": arm.high,
                 "interval": arm.interval,
+                "pass_rate_if_errors_fail": arm.rate_if_errors_fail,
                 "mean_score": arm.mean_score,
                 "median_duration_s": arm.median_duration,
                 "tokens": arm.tokens,
@@ -278,6 +397,23 @@ class Comparison:
         return rows
 
 
+def method_text(cluster: str, confidence: float) -> str:
+    return (
+        f"{round(confidence * 100)}% cluster-robust t interval ({CLUSTERINGS.get(cluster, cluster)}; "
+        "floored by Wilson near 0% and 100%, by Newcombe for Δ); sign-flip permutation test, "
+        "Holm-adjusted"
+    )
+
+
+def _breakdown_dict(row: BreakdownRow, arms: list[ArmSummary]) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "arms": {
+            arm.key: (cell._asdict() if cell else None) for arm, cell in zip(arms, row.cells, strict=True)
+        },
+    }
+
+
 # --- statistics -------------------------------------------------------------------------------
 
 
@@ -286,221 +422,316 @@ def compare(
     *,
     baseline: str | None = None,
     tags: Iterable[str] = (),
-    iterations: int = ITERATIONS,
-    seed: int = 0,
+    cluster: str = "unit",
     confidence: float = CONFIDENCE,
+    alpha: float = ALPHA,
+    seed: int = 0,
+    final: bool | None = None,
 ) -> Comparison:
-    """Per-arm statistics, each arm against the baseline, the heat-map and the warnings.
+    """Per-arm statistics, each arm against the baseline, breakdowns, the heat-map and warnings.
 
-    1. Keep the tasks carrying any of `tags` (all tasks when none).
-    2. repeats = the most trials of one task in one arm. With one repeat: Wilson intervals,
-       McNemar's exact test and Newcombe's paired interval. With more: one bootstrap over tasks
-       for every arm at once (`task_bootstrap`), pass@k and pass^k for k = 1 … the fewest
-       graded trials of a task in that arm.
-    3. Holm-adjust the p-values of every arm that shares a graded task with the baseline.
+    1. Keep the units whose task carries any of `tags` (all units when none).
+    2. Per arm: the unit-weighted pass rate and its interval (`inference.rate_interval`), the
+       same with every error counted as a fail, mean score, pass@k, cost per success.
+    3. Per arm against the baseline, over the units both graded: both rates, Δ and its
+       interval, the design's detectable effect, the sign-flip p (once every run is final and
+       where the arms are comparable), the infrastructure-error test, the units that changed
+       significantly on their own. Holm-adjust the p-values across arms.
+
+    `final` overrides whether every run has ended (the gates judge a run with nothing pending
+    just before storing its final status).
     """
+    if cluster not in CLUSTERINGS:
+        raise ValueError(f"unknown clustering {cluster!r}: choose one of {', '.join(CLUSTERINGS)}")
     keys = [arm.key for arm in data.arms]
     baseline = baseline or data.default_baseline
     if data.arms and baseline not in keys:
         raise ValueError(f"unknown baseline {baseline!r}: choose one of {', '.join(keys)}")
     wanted = set(tags)
-    tasks = [task for task in data.tasks if not wanted or wanted & set(task.tags)]
-    matrix = [[data.cells.get((key, task.task_id)) for key in keys] for task in tasks]
-    repeats = max((cell.total for row in matrix for cell in row if cell), default=0)
-    counts = [[(cell.passed, cell.n) if cell else (0, 0) for cell in row] for row in matrix]
+    units = [unit for unit in data.units if not wanted or wanted & set(unit.task.tags)]
+    clusters = [_cluster_key(unit, cluster) for unit in units]
+    matrix = [[data.cells.get((key, *unit.key)) for key in keys] for unit in units]
+    final = all(run.is_final for run in data.runs) if final is None else final
     base = keys.index(baseline) if data.arms else 0
-    intervals, paired = _intervals(counts, len(keys), base, repeats, iterations, seed, confidence)
-    arms = [_summary(arm, i, tasks, matrix, counts, intervals[i], repeats) for i, arm in enumerate(data.arms)]
+    arms = [_summary(arm, i, units, clusters, matrix, confidence) for i, arm in enumerate(data.arms)]
+    draws = max(inference.DRAWS, math.ceil(20 * max(1, len(arms) - 1) / alpha))
     for i, arm in enumerate(arms):
         arm.is_baseline = i == base
         if i != base:
-            arm.versus = _versus(tasks, counts, base, i, repeats, paired[i])
+            untested = notes.untested_reason(data, data.arms[base], data.arms[i], units)
+            arm.versus = _versus(units, clusters, matrix, base, i, confidence, alpha, final, untested, draws, seed)
     _holm(arms)
-    return Comparison(
+    result = Comparison(
         runs=data.runs,
         arms=arms,
         baseline=baseline or "",
         tags=sorted(wanted),
-        repeats=repeats,
-        iterations=iterations,
-        seed=seed,
+        cluster=cluster,
+        repeats=max((cell.n for row in matrix for cell in row if cell), default=0),
         confidence=confidence,
-        rows=[HeatRow(task, row) for task, row in zip(tasks, matrix, strict=True)],
-        warnings=_warnings(data, arms, tasks, repeats),
+        alpha=alpha,
+        seed=seed,
+        final=final,
+        rows=_heat_rows(data, units, keys),
+        units=len(units),
+        by_tag=_by_tag(data, units, clusters, matrix, confidence),
+        by_criterion=_by_criterion(data, units, clusters, keys, confidence),
+        warnings=[],
+        overall=inference.rate_interval(
+            [(sum(c.passed for c in row if c), sum(c.n for c in row if c)) for row in matrix], clusters, confidence
+        ),
     )
+    result.warnings = notes.warnings(data, result, units)
+    return result
 
 
-def _intervals(counts, arms: int, base: int, repeats: int, iterations: int, seed: int, confidence: float):
-    """Per-arm pass rate intervals, and per-arm paired bootstrap results (repeats only)."""
-    if repeats > 1:
-        return task_bootstrap(counts, base, iterations=iterations, confidence=confidence, seed=seed)
-    wilson = []
-    for i in range(arms):
-        passes = sum(row[i][0] for row in counts)
-        n = sum(row[i][1] for row in counts)
-        wilson.append(stats.wilson_interval(passes, n, confidence) if n else None)
-    return wilson, [None] * arms
+def _cluster_key(unit: Unit, cluster: str) -> Hashable:
+    if cluster == "task":
+        return unit.task.task_id
+    if cluster == "tag" and unit.task.tags:
+        return ("tag", unit.task.tags[0])
+    if cluster == "tag":
+        return ("task", unit.task.task_id)
+    return unit.key
 
 
-def _summary(arm: Arm, i: int, tasks, matrix, counts, interval, repeats: int) -> ArmSummary:
-    present = [(task, row[i]) for task, row in zip(tasks, matrix, strict=True) if row[i] is not None]
-    cells = [cell for _, cell in present]
-    passed, failed, errors, cancelled, total = (_sum(cells, name) for name in SUMMED[:5])
-    score_n, cost = _sum(cells, "score_n"), math.fsum(c.cost for c in cells)
-    durations = [c.mean_duration for c in cells if c.duration_n]
-    at_k, hat_k = _k_curves([row[i] for row in counts]) if repeats > 1 else ({}, {})
+def _graded(cell: Cell | None) -> PassCount:
+    return (cell.passed, cell.n) if cell else (0, 0)
+
+
+def _finished(cell: Cell | None) -> PassCount:
+    """(passes, finished): the counts with every error a fail."""
+    return (cell.passed, cell.tally.finished) if cell else (0, 0)
+
+
+def _infra(cell: Cell | None) -> PassCount:
+    """(infrastructure errors, finished) of a unit."""
+    return (cell.tally.infra_errors, cell.tally.finished) if cell else (0, 0)
+
+
+def _summary(arm: Arm, i: int, units: list[Unit], clusters: list, matrix, confidence: float) -> ArmSummary:
+    column = [row[i] for row in matrix]
+    cells = [cell for cell in column if cell is not None]
+    totals = {name: sum(getattr(cell, name) for cell in cells) for name in SUMMED[:6]}
+    rate = inference.rate_interval([_graded(c) for c in column], clusters, confidence)
+    if_fail = inference.rate_interval([_finished(c) for c in column], clusters, confidence)
+    graded_clusters = [key for cell, key in zip(column, clusters, strict=True) if cell and cell.n]
+    scored = [(c.score_sum, c.score_n, key) for c, key in zip(column, clusters, strict=True) if c and c.score_n]
+    score = inference.ratio_interval([s / n for s, n, _ in scored], [1] * len(scored), [k for *_, k in scored])
+    cost = math.fsum(cell.cost for cell in cells)
+    per_pass = inference.ratio_interval([c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters))
+    durations = [cell.mean_duration for cell in cells if cell.duration_n]
+    curves = _k_curves([_graded(c) for c in column], clusters, confidence)
     return ArmSummary(
         key=arm.key,
         label=arm.label,
         run_id=arm.run_id,
         variant_slug=arm.variant_slug,
         is_baseline=False,
-        trials=total,
-        passed=passed,
-        failed=failed,
-        errors=errors,
-        cancelled=cancelled,
-        pending=total - passed - failed - errors - cancelled,
-        pass_rate=pass_rate(passed, failed),
-        low=interval[0] if interval else None,
-        high=interval[1] if interval else None,
-        interval="cluster bootstrap" if repeats > 1 else "Wilson",
-        mean_score=math.fsum(c.score_sum for c in cells) / score_n if score_n else None,
+        trials=totals["total"],
+        passed=totals["passed"],
+        failed=totals["failed"],
+        errors=totals["errors"],
+        agent_errors=totals["agent_errors"],
+        cancelled=totals["cancelled"],
+        pending=totals["total"] - totals["passed"] - totals["failed"] - totals["errors"] - totals["cancelled"],
+        units=len(graded_clusters),
+        clusters=len(set(graded_clusters)),
+        pass_rate=rate.estimate if rate else None,
+        low=rate.low if rate else None,
+        high=rate.high if rate else None,
+        interval=_interval_words(rate),
+        rate_if_errors_fail=if_fail.estimate if if_fail else None,
+        rate_if_errors_fail_low=if_fail.low if if_fail else None,
+        rate_if_errors_fail_high=if_fail.high if if_fail else None,
+        mean_score=score.estimate if score else None,
+        mean_score_low=score.low if score and score.se is not None else None,
+        mean_score_high=score.high if score and score.se is not None else None,
         median_duration=statistics.median(durations) if durations else None,
-        pass_at_k=at_k,
-        pass_hat_k=hat_k,
-        tokens=_sum(cells, "tokens"),
+        **curves,
+        tokens=sum(cell.tokens for cell in cells),
         cost=cost,
-        cost_per_pass=cost / passed if passed else None,
-        flaky=[task.slug for task, c in present if c.n >= 2 and 0 < c.passed < c.n],
+        cost_per_pass=per_pass.estimate if per_pass else None,
+        cost_per_pass_low=max(0.0, per_pass.low) if per_pass and per_pass.se is not None else None,
+        cost_per_pass_high=per_pass.high if per_pass and per_pass.se is not None else None,
+        flaky=[unit.label for unit, c in zip(units, column, strict=True) if c and c.n >= 2 and 0 < c.passed < c.n],
         # Dataset rows each resolve their own config, so only a plain task's cell must agree.
-        not_comparable=[
-            task.slug for task, c in present if c.fingerprints[0] != c.fingerprints[1] and not c.dataset_rows
-        ],
+        not_comparable=sorted(
+            {
+                unit.task.slug
+                for unit, c in zip(units, column, strict=True)
+                if c and c.fingerprints[0] != c.fingerprints[1] and not c.dataset_rows
+            }
+        ),
     )
 
 
-def _sum(cells: list[Cell], name: str) -> int:
-    return sum(getattr(cell, name) for cell in cells)
+def _keys(column: list[Cell | None], clusters: list) -> list:
+    return [key for cell, key in zip(column, clusters, strict=True) if cell is not None]
 
 
-def _k_curves(counts: list[PassCount]) -> tuple[dict[int, float], dict[int, float]]:
-    """Mean pass@k and pass^k over tasks, k = 1 … the smallest n (as stats.pass_at_k_curve).
+def _interval_words(rate: Interval | None) -> str:
+    if rate is None:
+        return ""
+    if rate.se is None:
+        return "Wilson over one cluster's trials"
+    return f"cluster-robust t over {rate.clusters} clusters"
 
-    Tasks share few distinct (passes, n) pairs, so each pair is evaluated once and weighted by
-    how many tasks have it: 1,000 tasks cost a few dozen binomial ratios, not 20,000.
+
+def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dict[str, dict[int, Any]]:
+    """Mean pass@k (with interval) and pass^k over the units with at least k graded trials.
+
+    A unit that lost a trial to an error leaves only the k it cannot estimate; the units each
+    k averages over are reported beside it (`pass_at_k_units`).
     """
-    tally = Counter((passes, n) for passes, n in counts if n > 0)
-    if not tally:
-        return {}, {}
-    tasks = sum(tally.values())
-    top = min(n for _, n in tally)
-    curves = []
-    for estimator in (stats.pass_at_k, stats.pass_hat_k):
-        curves.append(
-            {
-                k: math.fsum(m * estimator(n, passes, k) for (passes, n), m in tally.items()) / tasks
-                for k in range(1, top + 1)
-            }
+    curves: dict[str, dict[int, Any]] = {
+        "pass_at_k": {},
+        "pass_at_k_low": {},
+        "pass_at_k_high": {},
+        "pass_at_k_units": {},
+        "pass_hat_k": {},
+    }
+    top = max((n for _, n in counts), default=0)
+    for k in range(1, top + 1 if top > 1 else 1):
+        kept = [(p, n, key) for (p, n), key in zip(counts, clusters, strict=True) if n >= k]
+        at = inference.ratio_interval(
+            [_pass_at_k(n, p, k) for p, n, _ in kept], [1] * len(kept), [key for *_, key in kept], confidence
         )
-    return curves[0], curves[1]
+        curves["pass_at_k"][k] = at.estimate
+        curves["pass_at_k_low"][k] = max(0.0, at.low)
+        curves["pass_at_k_high"][k] = min(1.0, at.high)
+        curves["pass_at_k_units"][k] = len(kept)
+        curves["pass_hat_k"][k] = math.fsum(_pass_hat_k(n, p, k) for p, n, _ in kept) / len(kept)
+    return curves
 
 
-def _versus(tasks, counts, base: int, i: int, repeats: int, paired) -> Versus:
-    both = [j for j, row in enumerate(counts) if row[base][1] and row[i][1]]
-    if repeats > 1:
-        # No task in common: stats.paired_bootstrap's answer for that case.
-        delta, low, high, p_value = paired or (0.0, -1.0, 1.0, 1.0)
-        test = "paired bootstrap"
-    else:
-        pairs = [(counts[j][base][0] == 1, counts[j][i][0] == 1) for j in both]
-        delta, low, high = stats.paired_delta_interval_one_repeat(pairs)
-        variant_only = sum(1 for b, v in pairs if v and not b)
-        baseline_only = sum(1 for b, v in pairs if b and not v)
-        p_value = stats.mcnemar_exact(variant_only, baseline_only)
-        test = "McNemar exact"
-    versus = Versus(len(both), delta, low, high, p_value, test)
-    for j in both:
-        (base_passes, base_n), (passes, n) = counts[j][base], counts[j][i]
-        change = passes / n - base_passes / base_n
-        if change:
-            listed = versus.improved if change > 0 else versus.regressed
-            listed.append(TaskDelta(tasks[j].slug, f"{base_passes}/{base_n}", f"{passes}/{n}", change))
-    versus.improved.sort(key=lambda d: (-d.delta, d.slug))
-    versus.regressed.sort(key=lambda d: (d.delta, d.slug))
+@lru_cache(maxsize=4096)
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    return stats.pass_at_k(n, c, k)
+
+
+@lru_cache(maxsize=4096)
+def _pass_hat_k(n: int, c: int, k: int) -> float:
+    return stats.pass_hat_k(n, c, k)
+
+
+def _versus(units, clusters, matrix, base: int, i: int, confidence, alpha, final, untested, draws, seed):
+    baseline = [_graded(row[base]) for row in matrix]
+    arm = [_graded(row[i]) for row in matrix]
+    delta = inference.difference_interval(baseline, arm, clusters, confidence)
+    if delta is None:
+        return None
+    paired = [j for j, (b, a) in enumerate(zip(baseline, arm, strict=True)) if b[1] and a[1]]
+    base_rate = math.fsum(baseline[j][0] / baseline[j][1] for j in paired) / len(paired)
+    versus = Versus(
+        units=len(paired),
+        clusters=delta.clusters,
+        baseline_rate=base_rate,
+        arm_rate=base_rate + delta.estimate,
+        delta=delta.estimate,
+        low=delta.low,
+        high=delta.high,
+        se=delta.se,
+        mde=inference.detectable_effect(delta.se, delta.clusters, alpha, POWER) if delta.se else None,
+        test=None,
+        untested=untested,
+    )
+    if not untested and not final:
+        versus.untested = "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
+    if not versus.untested:
+        p_value, exact = inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+        versus.p_value = p_value
+        versus.test = "sign-flip, exact" if exact else f"sign-flip, {draws:,} draws"
+    _error_effects(versus, matrix, clusters, base, i, confidence)
+    _changed_units(versus, units, paired, baseline, arm, alpha)
     return versus
 
 
+def _error_effects(versus: Versus, matrix, clusters, base: int, i: int, confidence: float) -> None:
+    """Δ with every error a fail, and whether the arms' infrastructure-error shares differ."""
+    if_fail = inference.difference_interval(
+        [_finished(row[base]) for row in matrix], [_finished(row[i]) for row in matrix], clusters, confidence
+    )
+    if if_fail:
+        versus.delta_if_errors_fail = if_fail.estimate
+        versus.delta_if_errors_fail_low, versus.delta_if_errors_fail_high = if_fail.low, if_fail.high
+    base_errors = [_infra(row[base]) for row in matrix]
+    arm_errors = [_infra(row[i]) for row in matrix]
+    shares = inference.difference_interval(base_errors, arm_errors, clusters, confidence)
+    if shares is None:
+        return
+    both = [(b, a) for b, a in zip(base_errors, arm_errors, strict=True) if b[1] and a[1]]
+    versus.baseline_error_share = math.fsum(b[0] / b[1] for b, _ in both) / len(both)
+    versus.arm_error_share = versus.baseline_error_share + shares.estimate
+    if any(b[0] or a[0] for b, a in both):
+        tested = inference.sign_flip_p(base_errors, arm_errors, clusters)
+        versus.error_p = tested[0] if tested else None
+
+
+def _changed_units(versus: Versus, units, paired: list[int], baseline, arm, alpha: float) -> None:
+    """Units whose own trials differ significantly (Fisher's exact test at α, unadjusted).
+
+    With one or two trials per arm no unit can reach α = 0.05, so nothing is listed: a single
+    flipped trial is not evidence. If nothing changed, at most α × units would be listed."""
+    for j in paired:
+        (bp, bn), (ap, an) = baseline[j], arm[j]
+        p_value = _fisher(bp, bn, ap, an)
+        change = ap / an - bp / bn
+        if p_value < alpha and change:
+            listed = versus.improved if change > 0 else versus.regressed
+            listed.append(UnitDelta(units[j].label, f"{bp}/{bn}", f"{ap}/{an}", change, p_value))
+    versus.improved.sort(key=lambda d: (-d.delta, d.unit))
+    versus.regressed.sort(key=lambda d: (d.delta, d.unit))
+    versus.listed_by_chance = alpha * len(paired)
+
+
+@lru_cache(maxsize=4096)
+def _fisher(bp: int, bn: int, ap: int, an: int) -> float:
+    return float(scipy_stats.fisher_exact([[ap, an - ap], [bp, bn - bp]]).pvalue)
+
+
 def _holm(arms: list[ArmSummary]) -> None:
-    tested = [arm.versus for arm in arms if arm.versus and arm.versus.tasks]
+    tested = [arm.versus for arm in arms if arm.versus and arm.versus.p_value is not None]
     for versus, adjusted in zip(tested, stats.holm([v.p_value for v in tested]), strict=True):
         versus.p_holm = adjusted
 
 
-# --- warnings ---------------------------------------------------------------------------------
+# --- breakdowns and the heat-map ------------------------------------------------------------------
 
 
-def _warnings(data: ComparisonData, arms: list[ArmSummary], tasks: list[TaskInfo], repeats: int) -> list[str]:
-    notes = []
-    for run in data.runs:
-        if not run.is_final:
-            notes.append(f"Run #{run.pk} is {run.status}: these figures will change as trials finish.")
-    for arm in arms:
-        if arm.not_comparable:
-            notes.append(
-                f"Not comparable: in {arm.label}, trials of {_names(arm.not_comparable)} ran with "
-                "different configurations (their fingerprints differ)."
-            )
-    if len(data.runs) > 1:
-        notes += _changes_between_runs(data, tasks)
-    if repeats > 1:
-        for arm in arms:
-            if arm.versus and 0 < arm.versus.tasks < FEW_TASKS:
-                notes.append(
-                    f"{arm.label} shares only {arm.versus.tasks} graded tasks with the baseline: "
-                    "a bootstrap over so few tasks understates the uncertainty."
-                )
-    return notes
+def _heat_rows(data: ComparisonData, units: list[Unit], keys: list[str]) -> list[HeatRow]:
+    """One row per task, its dataset rows merged into one cell per arm."""
+    rows: dict[int, HeatRow] = {}
+    for unit in units:
+        row = rows.setdefault(unit.task.task_id, HeatRow(unit.task, [None] * len(keys)))
+        for i, key in enumerate(keys):
+            cell = data.cells.get((key, *unit.key))
+            if cell is not None:
+                row.cells[i] = cell if row.cells[i] is None else row.cells[i].merged(cell)
+    return list(rows.values())
 
 
-def _changes_between_runs(data: ComparisonData, tasks: list[TaskInfo]) -> list[str]:
-    """Tasks whose bundle, or whose resolved config and grader, differ between the runs."""
-    first = data.runs[0].pk
-    task_changed: dict[int, list[str]] = defaultdict(list)
-    config_changed: dict[int, list[str]] = defaultdict(list)
-    arms_by_slug = defaultdict(list)
-    for arm in data.arms:
-        arms_by_slug[arm.variant_slug].append(arm)
-    for run in data.runs[1:]:
-        for task in tasks:
-            old, new = data.digests.get((first, task.task_id)), data.digests.get((run.pk, task.task_id))
-            if old and new and old != new:
-                task_changed[run.pk].append(task.slug)
-                continue
-            for same in arms_by_slug.values():
-                before = next((a for a in same if a.run_id == first), None)
-                after = next((a for a in same if a.run_id == run.pk), None)
-                if before and after and _fingerprints(data, before, task) != _fingerprints(data, after, task):
-                    config_changed[run.pk].append(task.slug)
-                    break
-    notes = [
-        f"Task changed between run #{first} and run #{run_id}: {_names(slugs)} (a new task version: "
-        "its prompt, files or grader differ)."
-        for run_id, slugs in task_changed.items()
-    ]
-    notes += [
-        f"Configuration or grader changed between run #{first} and run #{run_id} for "
-        f"{_names(slugs)} (same task version, different trial fingerprints)."
-        for run_id, slugs in config_changed.items()
-    ]
-    return notes
+def _by_tag(data, units, clusters, matrix, confidence: float) -> list[BreakdownRow]:
+    rows = []
+    for tag in sorted({tag for unit in units for tag in unit.task.tags}):
+        chosen = [j for j, unit in enumerate(units) if tag in unit.task.tags]
+        cells = [
+            inference.rate_interval([_graded(matrix[j][i]) for j in chosen], [clusters[j] for j in chosen], confidence)
+            for i in range(len(data.arms))
+        ]
+        rows.append(BreakdownRow(tag, cells))
+    return rows
 
 
-def _fingerprints(data: ComparisonData, arm: Arm, task: TaskInfo) -> tuple[str, str] | None:
-    cell = data.cells.get((arm.key, task.task_id))
-    return cell.fingerprints if cell else None
-
-
-def _names(slugs: list[str]) -> str:
-    shown = ", ".join(slugs[:LISTED])
-    return shown if len(slugs) <= LISTED else f"{shown} and {len(slugs) - LISTED} more"
+def _by_criterion(data, units, clusters, keys: list[str], confidence: float) -> list[BreakdownRow]:
+    names = sorted({name for key, name in data.criteria if key in keys})
+    cluster_of = {unit.key: key for unit, key in zip(units, clusters, strict=True)}
+    rows = []
+    for name in names:
+        cells = []
+        for key in keys:
+            counts = data.criteria.get((key, name), {})
+            kept = [(counts[u], cluster_of[u]) for u in counts if u in cluster_of]
+            cells.append(inference.rate_interval([c for c, _ in kept], [k for _, k in kept], confidence))
+        rows.append(BreakdownRow(name, cells))
+    return rows

@@ -1,8 +1,9 @@
 """Run gates: the checks an experiment declares (`gates:` in its YAML), judged when a run ends.
 
 Pure (no Django). A gate spec is a dict validated by `experiments_app.specs.Gate`. Judging reads a
-`RunFacts` (per-variant counts, the comparison against the baseline, the dataset suites: built by
-`analysis.load.run_facts`) and returns one result per gate, `{"gate", "name", "passed", "detail"}`.
+`RunFacts` (per-variant counts, rates and intervals, the comparison against the baseline, the
+dataset suites: built by `analysis.load.run_facts` from the same comparison every page shows) and
+returns one result per gate, `{"gate", "name", "passed", "detail"}`, whose detail says why.
 """
 
 from __future__ import annotations
@@ -26,19 +27,37 @@ _GATE = TypeAdapter(Gate)
 
 
 @dataclass(frozen=True)
+class VersusFacts:
+    """A variant against the baseline over the units both graded (`compare.Versus`)."""
+
+    clusters: int
+    baseline_rate: float
+    arm_rate: float
+    delta: float
+    low: float
+    high: float
+    p_adjusted: float | None  # Holm-adjusted across the run's variants; None when untested
+    untested: str = ""  # why no test was run
+
+
+@dataclass(frozen=True)
 class VariantFacts:
-    """One variant's outcome counts and, unless it is the baseline, its comparison with it."""
+    """One variant's counts, its rate and interval, and, unless it is the baseline, how it
+    compares with it."""
 
     slug: str
     passed: int = 0
     failed: int = 0
     error: int = 0
-    delta: float | None = None  # Δ pass rate against the baseline
-    p_adjusted: float | None = None  # Holm-adjusted across the run's variants
+    agent_errors: int = 0
+    rate: float | None = None
+    low: float | None = None
+    high: float | None = None
+    versus: VersusFacts | None = None
 
     @property
     def tally(self) -> Tally:
-        return Tally(self.passed, self.failed, self.error)
+        return Tally(self.passed, self.failed, self.error, self.agent_errors)
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,8 @@ class RunFacts:
     variants: list[VariantFacts]
     baseline: str | None = None
     suites: list[dict] = field(default_factory=list)  # Run.suite_results
+    overall: VariantFacts | None = None  # every variant's units together
+    method: str = ""  # how the intervals were computed, named in the details
 
 
 def validate_gates(gates: list[Any]) -> list[dict]:
@@ -98,14 +119,7 @@ def _scope(gate: Any) -> str:
 def _targets(gate: Any, facts: RunFacts) -> list[VariantFacts] | str:
     """The variants a gate looks at, or a message saying why there are none."""
     if getattr(gate, "overall", False):
-        return [
-            VariantFacts(
-                "overall",
-                passed=sum(v.passed for v in facts.variants),
-                failed=sum(v.failed for v in facts.variants),
-                error=sum(v.error for v in facts.variants),
-            )
-        ]
+        return [facts.overall] if facts.overall else "the run has no graded trial"
     if gate.variant is None:
         return facts.variants or "the run has no variants"
     chosen = [v for v in facts.variants if v.slug == gate.variant]
@@ -113,24 +127,32 @@ def _targets(gate: Any, facts: RunFacts) -> list[VariantFacts] | str:
 
 
 def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, str]:
-    name = f"min_pass_rate >= {gate.value:.0%} ({_scope(gate)})"
+    bound = gate.use == "lower_bound"
+    name = f"min_pass_rate >= {gate.value:.0%} ({_scope(gate)}{', lower bound' if bound else ''})"
     targets = _targets(gate, facts)
     if isinstance(targets, str):
         return name, False, targets
     passed, parts = True, []
     for variant in targets:
-        tally = variant.tally
-        if tally.rate is None:
+        if variant.rate is None:
             passed = False
-            parts.append(f"{variant.slug}: no passed or failed trial")
+            parts.append(f"{variant.slug}: no graded trial")
             continue
-        ok = tally.rate >= gate.value
+        judged = variant.low if bound else variant.rate
+        ok = judged >= gate.value
         passed &= ok
-        sign = ">=" if ok else "<"
-        parts.append(
-            f"{variant.slug}: {tally.passed}/{tally.graded} = {tally.rate:.1%} {sign} {gate.value:.1%}"
-        )
-    return name, passed, "; ".join(parts)
+        figure = f"{variant.slug}: {variant.rate:.1%} [{variant.low:.1%}, {variant.high:.1%}]"
+        if bound and ok:
+            parts.append(f"{figure}: its lower bound {variant.low:.1%} reaches {gate.value:.1%}")
+        elif bound:
+            parts.append(
+                f"{figure}: its lower bound {variant.low:.1%} is below {gate.value:.1%}, so the run does not "
+                "show the rate reaches it (more tasks narrow the interval; `use: estimate` judges the "
+                "point estimate)"
+            )
+        else:
+            parts.append(f"{figure}: the estimate is {'at least' if ok else 'below'} {gate.value:.1%}")
+    return name, passed, "; ".join(parts) + _method(facts)
 
 
 def _max_error_share(gate: MaxErrorShareGate, facts: RunFacts) -> tuple[str, bool, str]:
@@ -156,7 +178,8 @@ def _max_error_share(gate: MaxErrorShareGate, facts: RunFacts) -> tuple[str, boo
 
 
 def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, str]:
-    name = f"no_regression vs {facts.baseline or 'baseline'} (alpha {gate.alpha:g}, {_scope(gate)})"
+    form = f"margin {gate.margin:.0%}" if gate.margin else f"alpha {gate.alpha:g}"
+    name = f"no_regression vs {facts.baseline or 'baseline'} ({form}, {_scope(gate)})"
     if gate.variant is not None and gate.variant == facts.baseline:
         return name, False, f"variant {gate.variant!r} is the baseline: name another variant"
     targets = _targets(gate, facts)
@@ -164,17 +187,41 @@ def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, 
         return name, False, targets
     others = [v for v in targets if v.slug != facts.baseline]
     if not others:
-        return name, True, "only the baseline ran: nothing to compare"
+        return name, False, "only the baseline ran: there is no variant to judge"
     passed, parts = True, []
     for variant in others:
-        if variant.delta is None or variant.p_adjusted is None:
-            parts.append(f"{variant.slug}: no task graded in both arms, not compared")
-            continue
-        regressed = variant.delta < 0 and variant.p_adjusted < gate.alpha
-        passed &= not regressed
-        verdict = "significant regression" if regressed else "no significant regression"
-        parts.append(f"{variant.slug}: Δ {variant.delta:+.1%}, Holm p = {variant.p_adjusted:.3g} ({verdict})")
-    return name, passed, "; ".join(parts)
+        ok, words = _judge_regression(gate, variant)
+        passed &= ok
+        parts.append(f"{variant.slug}: {words}")
+    return name, passed, "; ".join(parts) + _method(facts)
+
+
+def _judge_regression(gate: NoRegressionGate, variant: VariantFacts) -> tuple[bool, str]:
+    versus = variant.versus
+    if versus is None:
+        return False, "no unit graded in both arms, so there is no evidence it did not regress"
+    figure = (
+        f"Δ {versus.delta * 100:+.1f} pp [{versus.low * 100:+.1f}, {versus.high * 100:+.1f}] "
+        f"({versus.arm_rate:.1%} vs {versus.baseline_rate:.1%} over the same units)"
+    )
+    if versus.clusters < gate.min_clusters:
+        return False, (
+            f"{figure} over only {versus.clusters} paired clusters, fewer than the {gate.min_clusters} "
+            "this gate needs as evidence"
+        )
+    if gate.margin is not None:
+        ok = versus.low >= -gate.margin
+        relation = "within" if ok else "beyond"
+        return ok, f"{figure}: the lower bound is {relation} the -{gate.margin * 100:.1f} pp margin"
+    if versus.p_adjusted is None:
+        return False, f"{figure}: not tested ({versus.untested or 'no valid test'})"
+    regressed = versus.delta < 0 and versus.p_adjusted < gate.alpha
+    verdict = "a significant regression" if regressed else "no significant regression"
+    return not regressed, f"{figure}, Holm p = {versus.p_adjusted:.3g}: {verdict}"
+
+
+def _method(facts: RunFacts) -> str:
+    return f" ({facts.method})" if facts.method else ""
 
 
 def _suite_thresholds(gate: SuiteThresholdsGate, facts: RunFacts) -> tuple[str, bool, str]:

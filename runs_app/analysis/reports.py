@@ -44,6 +44,7 @@ def build_report(run: Run, *, figures: bool = False) -> dict[str, Any]:
         "run": _run_info(run),
         "baseline": summary.baseline or None,
         "repeats": summary.repeats,
+        "method": summary.method,
         "variants": [_variant_row(arm, summary) for arm in summary.arms],
         "warnings": list(summary.warnings),
         "gates": list(run.gate_results),
@@ -57,21 +58,26 @@ def build_report(run: Run, *, figures: bool = False) -> dict[str, Any]:
 
 
 def _variant_row(arm: ArmSummary, summary: Comparison) -> dict[str, Any]:
-    """One variant's line of the summary; Δ and p against the baseline when it shares tasks."""
+    """One variant's line of the summary (the comparison's numbers); Δ against the baseline
+    when they share a graded unit, with both rates over those units; p once the run ended."""
     index = summary.arms.index(arm)
-    versus = arm.versus if arm.versus and arm.versus.tasks else None
+    versus = arm.versus
     return {
         "variant": arm.key,
         "trials": arm.trials,
         "passed": arm.passed,
         "failed": arm.failed,
         "error": arm.errors,
+        "agent_errors": arm.agent_errors,
         "cancelled": arm.cancelled,
         "pending": arm.pending,
+        "units": arm.units,
+        "clusters": arm.clusters,
         "pass_rate": arm.pass_rate,
         "low": arm.low,
         "high": arm.high,
         "interval": arm.interval,
+        "pass_rate_if_errors_fail": arm.rate_if_errors_fail,
         "mean_score": arm.mean_score,
         "pass_at_k": arm.pass_at_k,
         "pass_hat_k": arm.pass_hat_k,
@@ -81,15 +87,19 @@ def _variant_row(arm: ArmSummary, summary: Comparison) -> dict[str, Any]:
         "cost_per_pass_usd": arm.cost_per_pass,
         "flaky": arm.flaky,
         "not_comparable": arm.not_comparable,
-        "paired_tasks": versus.tasks if versus else None,
+        "paired_units": versus.units if versus else None,
+        "baseline_rate_paired": versus.baseline_rate if versus else None,
+        "rate_paired": versus.arm_rate if versus else None,
         "delta": versus.delta if versus else None,
         "delta_low": versus.low if versus else None,
         "delta_high": versus.high if versus else None,
+        "detectable_delta": versus.mde if versus else None,
         "test": versus.test if versus else None,
         "p_value": versus.p_value if versus else None,
         "p_adjusted": versus.p_holm if versus else None,
-        "regressed": [d.slug for d in versus.regressed] if versus else [],
-        "improved": [d.slug for d in versus.improved] if versus else [],
+        "untested_because": versus.untested if versus else None,
+        "regressed": [d.unit for d in versus.regressed] if versus else [],
+        "improved": [d.unit for d in versus.improved] if versus else [],
         # The heat-map column: [passes, graded] per task.
         "tasks": {
             row.task.slug: [row.cells[index].passed, row.cells[index].n]
@@ -208,11 +218,16 @@ def _rate_cell(row: dict) -> str:
 def _delta_cell(row: dict) -> str:
     if row.get("delta") is None:
         return ""
-    return f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]"
+    return (
+        f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}] "
+        f"({_pct(row['rate_paired'])} vs {_pct(row['baseline_rate_paired'])} on {row['paired_units']} units)"
+    )
 
 
 def _p_cell(row: dict) -> str:
-    return "" if row.get("p_adjusted") is None else f"{row['p_adjusted']:.3g}"
+    if row.get("delta") is None:
+        return ""
+    return "not tested" if row.get("p_adjusted") is None else f"{row['p_adjusted']:.3g}"
 
 
 def summary_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -240,6 +255,8 @@ def render_text_table(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    if report.get("method"):
+        lines.append(report["method"] + ".")
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -1,44 +1,18 @@
-"""Statistics for the comparison pages: intervals, pass@k, paired tests, multiplicity.
+"""Closed forms for the comparison pages: binomial intervals, pass@k, paired tables, multiplicity.
 
-Pure Python (math, random, statistics): no Django, no numpy, so it tests in milliseconds and the
-web process needs no scientific stack. A task's result is a `PassCount`, `(passes, n)`: n counts
-the trials that ended `passed` or `failed`; `error` and `cancelled` trials are left out by the
-caller, never counted as fails.
-
-Bootstraps resample tasks, not trials: the repeats of one task are correlated, so treating them
-as independent would make intervals too narrow (Miller 2024, "Adding Error Bars to Evals",
-arXiv:2411.00640). They are seeded and put their input in a canonical order, so the same data
-gives the same interval whatever order the database returned it in.
+Pure Python (math, statistics): no Django. A task's result is a `PassCount`, `(passes, n)`.
+The clustered estimates every page shows are built on these in `analysis.inference`.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from statistics import NormalDist
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 PassCount = tuple[int, int]
 """(passes, n) for one task."""
-
-TaskKey = TypeVar("TaskKey")
-
-# Resampled means closer to 0 than this count as ties with 0: float sums of per-task differences
-# that cancel exactly on paper (0.1 + 0.2 - 0.3) land a few 1e-17 away from it, while a real
-# non-zero mean is a multiple of 1 / (tasks · a common multiple of the n_baseline · n_variant),
-# about 1e-10 at worst for 1,000 tasks of up to 10 repeats each.
-_TIE = 1e-12
-
-
-class PairedResult(NamedTuple):
-    """A variant against the baseline: mean per-task Δ pass rate, its interval, two-sided p."""
-
-    delta: float
-    low: float
-    high: float
-    p_value: float
-
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998).
@@ -55,56 +29,32 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     z = _z(confidence)
     if n == 0:
         return (0.0, 1.0)
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = _wilson(successes / n, n, z)
     # At 0/n and n/n the bound is exactly 0 or 1 on paper; rounding would leave ±1e-17.
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return (low, high)
+    return (0.0 if successes == 0 else low, 1.0 if successes == n else high)
 
 
-def cluster_bootstrap_pass_rate(
-    per_task: Mapping[TaskKey, Sequence[bool]] | Iterable[PassCount],
-    *,
-    iterations: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Pooled pass rate with a percentile interval from a bootstrap over tasks (clusters).
+def wilson_cc_interval(p: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson's interval with continuity correction (Newcombe 1998, "Two-sided confidence
+    intervals for the single proportion", method 4) for a proportion p over n draws (n may be
+    fractional: an effective sample size), at the two-sided quantile z:
 
-    `per_task` maps each task to its trial outcomes, or lists one (passes, n) per task.
-    Returns (estimate, low, high); estimate = Σ passes / Σ n over all tasks.
+        low  = (2np + z² - 1 - z·√(z² - 2 - 1/n + 4p(n(1 - p) + 1))) / (2(n + z²)),  0 if p = 0
+        high = (2np + z² + 1 + z·√(z² + 2 - 1/n + 4p(n(1 - p) - 1))) / (2(n + z²)),  1 if p = 1
 
-    1. Keep tasks with n > 0 and sort their (passes, n) so the input order does not matter.
-    2. Draw as many tasks as there are, with replacement (random.Random(seed)).
-    3. Pool the draw: Σ passes / Σ n. Repeat `iterations` times.
-    4. The interval is the (1 - confidence)/2 and (1 + confidence)/2 quantiles of those rates
-       (percentile method: Efron & Tibshirani 1993, ch. 13; resampling clusters: Davison &
-       Hinkley 1997, §3.8, hierarchical data).
-
-    No tasks with trials: (0.0, 0.0, 1.0). The bootstrap sees only the variation present: if
-    every task passes every time, or there is a single task, the interval has zero width.
+    It covers at least its nominal level for small n, where the plain Wilson dips below it.
     """
-    counts = sorted(_pass_counts(per_task))
-    alpha = _alpha(confidence)
-    _check_iterations(iterations)
-    if not counts:
-        return (0.0, 0.0, 1.0)
-    estimate = sum(k for k, _ in counts) / sum(n for _, n in counts)
-    # Pack each task into one int, n * shift + passes, so a single sum() over a draw gives both
-    # totals (twice as fast as two sums); shift exceeds any drawn total of passes, so divmod
-    # splits them back exactly.
-    shift = len(counts) * max(k for k, _ in counts) + 1
-    packed = [n * shift + k for k, n in counts]
-    rng = random.Random(seed)
-    rates = []
-    for _ in range(iterations):
-        total_n, total_passes = divmod(sum(rng.choices(packed, k=len(packed))), shift)
-        rates.append(total_passes / total_n)
-    rates.sort()
-    return (estimate, quantile(rates, alpha / 2), quantile(rates, 1 - alpha / 2))
+    if n <= 0:
+        return (0.0, 1.0)
+    q = 1 - p
+    denominator = 2 * (n + z * z)
+    low = 0.0
+    if p > 0:
+        low = (2 * n * p + z * z - 1 - z * math.sqrt(max(0.0, z * z - 2 - 1 / n + 4 * p * (n * q + 1)))) / denominator
+    high = 1.0
+    if p < 1:
+        high = (2 * n * p + z * z + 1 + z * math.sqrt(max(0.0, z * z + 2 - 1 / n + 4 * p * (n * q - 1)))) / denominator
+    return (max(0.0, low), min(1.0, high))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -155,53 +105,6 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2 * tail / 2**n)
 
 
-def paired_bootstrap(
-    baseline: Mapping[TaskKey, PassCount],
-    variant: Mapping[TaskKey, PassCount],
-    *,
-    iterations: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> PairedResult:
-    """Mean per-task Δ pass rate (variant - baseline) with a bootstrap interval and p-value.
-
-    1. Keep tasks present in both arms with n > 0 in both, in sorted key order (task keys must
-       be sortable: ids or names), so neither the mappings' order nor which arm is the baseline
-       changes the draw: swapping the arms mirrors the result exactly.
-       d_i = rate_variant - rate_baseline; Δ is the mean of d_i (each task weighs the same).
-    2. Draw as many tasks as there are, with replacement; record the mean d of the draw.
-       Repeat `iterations` (B) times.
-    3. Interval: the (1 - confidence)/2 and (1 + confidence)/2 quantiles of the means.
-    4. p-value: twice the smaller share of resampled means on either side of 0, counting means
-       at 0 on both sides, plus one so that p is never 0 (North, Curtis & Sham 2002, "A note
-       on the calculation of empirical P values from Monte Carlo procedures"):
-       p = min(1, 2 · (1 + min(#{mean ≤ 0}, #{mean ≥ 0})) / (B + 1)). This is about the level
-       at which the percentile interval just reaches 0 (Efron & Tibshirani 1993, ch. 15), so
-       p-value and interval agree; identical arms give p = 1.
-
-    No task in common: Δ = 0, interval (-1, 1), p = 1. With a handful of tasks the bootstrap
-    understates uncertainty (tasks that all moved by the same amount give a zero-width interval
-    and p ≈ 2 / (B + 1)); callers should flag comparisons on very few tasks.
-    """
-    alpha = _alpha(confidence)
-    _check_iterations(iterations)
-    diffs = _paired_differences(baseline, variant)
-    if not diffs:
-        return PairedResult(0.0, -1.0, 1.0, 1.0)
-    tasks = len(diffs)
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(diffs, k=tasks)) / tasks for _ in range(iterations))
-    at_or_below = sum(1 for mean in means if mean <= _TIE)
-    at_or_above = sum(1 for mean in means if mean >= -_TIE)
-    p_value = min(1.0, 2 * (1 + min(at_or_below, at_or_above)) / (iterations + 1))
-    return PairedResult(
-        math.fsum(diffs) / tasks,
-        quantile(means, alpha / 2),
-        quantile(means, 1 - alpha / 2),
-        p_value,
-    )
-
-
 def paired_delta_interval_one_repeat(
     pairs: Iterable[tuple[bool, bool]], confidence: float = 0.95
 ) -> tuple[float, float, float]:
@@ -250,9 +153,18 @@ def newcombe_paired_interval(
     total = a + b + c + d
     if total == 0:
         return (0.0, -1.0, 1.0)
+    return newcombe_interval_z(a, b, c, d, _z(confidence))
+
+
+def newcombe_interval_z(a: float, b: float, c: float, d: float, z: float) -> tuple[float, float, float]:
+    """`newcombe_paired_interval` at the quantile z, on counts that may be fractional (an
+    expected table of trial pairs, `analysis.inference.difference_interval`)."""
+    total = a + b + c + d
+    if total <= 0:
+        return (0.0, -1.0, 1.0)
     p1, p2 = (a + b) / total, (a + c) / total
-    l1, u1 = wilson_interval(a + b, total, confidence)
-    l2, u2 = wilson_interval(a + c, total, confidence)
+    l1, u1 = _wilson(p1, total, z)
+    l2, u2 = _wilson(p2, total, z)
     phi = _newcombe_phi(a, b, c, d)
     delta = (b - c) / total
     low = delta - _root_sum_squares(p1 - l1, u2 - p2, phi)
@@ -308,31 +220,14 @@ def _curve(estimator: Callable[[int, int, int], float], per_task: Iterable[PassC
     }
 
 
-def _pass_counts(per_task: Mapping[TaskKey, Sequence[bool]] | Iterable[PassCount]) -> list[PassCount]:
-    if isinstance(per_task, Mapping):
-        pairs = [(sum(map(bool, outcomes)), len(outcomes)) for outcomes in per_task.values()]
-    else:
-        pairs = [(passes, n) for passes, n in per_task]
-    for passes, n in pairs:
-        _check_count(passes, n)
-    return [(passes, n) for passes, n in pairs if n > 0]
+def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z / denominator * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n))
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _paired_differences(
-    baseline: Mapping[TaskKey, PassCount], variant: Mapping[TaskKey, PassCount]
-) -> list[float]:
-    diffs = []
-    for task in sorted(baseline.keys() & variant.keys()):
-        base_passes, base_n = baseline[task]
-        variant_passes, variant_n = variant[task]
-        _check_count(base_passes, base_n)
-        _check_count(variant_passes, variant_n)
-        if base_n and variant_n:
-            diffs.append(variant_passes / variant_n - base_passes / base_n)
-    return diffs
-
-
-def _newcombe_phi(a: int, b: int, c: int, d: int) -> float:
+def _newcombe_phi(a: float, b: float, c: float, d: float) -> float:
     margins = (a + b) * (c + d) * (a + c) * (b + d)
     if margins == 0:
         return 0.0
@@ -359,11 +254,6 @@ def _check_k(n: int, c: int, k: int) -> None:
     _check_count(c, n)
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
-
-
-def _check_iterations(iterations: int) -> None:
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
 
 
 def _alpha(confidence: float) -> float:

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 
 from experiments_app.models import Experiment
 from runs_app.analysis import charts, exports
-from runs_app.analysis.compare import Arm, ArmSummary, Cell, Comparison, compare
+from runs_app.analysis.compare import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison, compare
 from runs_app.analysis.load import load
 from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
@@ -47,6 +47,12 @@ class RunSelectionForm(forms.Form):
 
 class CompareForm(forms.Form):
     baseline = forms.ChoiceField(required=False)
+    cluster = forms.ChoiceField(
+        required=False,
+        choices=[(key, f"{key}: {words}") for key, words in CLUSTERINGS.items()],
+        label="Clusters",
+        help_text="What the intervals and tests treat as independent draws.",
+    )
     tag = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="Tags")
     page = forms.IntegerField(required=False, min_value=1)  # heat-map page; "Apply" resets it
     format = forms.ChoiceField(required=False, choices=[("html", "HTML"), ("csv", "CSV"), ("json", "JSON")])
@@ -99,7 +105,9 @@ def _comparison_response(
     if options.get("format") in ("csv", "json") and options.get("table") == "trials":
         task_ids = [task.task_id for task in data.tasks if set(tags) & set(task.tags)] if tags else None
         return _trials_download(_current_trials(runs, task_ids), options["format"], stem)
-    result = compare(data, baseline=options.get("baseline") or None, tags=tags)
+    result = compare(
+        data, baseline=options.get("baseline") or None, tags=tags, cluster=options.get("cluster") or "unit"
+    )
     if options.get("format") in ("csv", "json"):
         return _summary_download(result, options["format"], stem)
     context = _page_context(result, options.get("page"))
@@ -122,6 +130,8 @@ def _page_context(result: Comparison, page: int | None) -> dict:
         "heatmap": heatmap,
         "heat_rows": _heat_rows(heatmap, result.arms),
         "charts": _charts(result),
+        "by_tag": _breakdown(result.by_tag, result.arms),
+        "by_criterion": _breakdown(result.by_criterion, result.arms),
         "gates": [(run, _gate_rows(run.gate_results)) for run in result.runs if run.gate_results],
     }
 
@@ -167,21 +177,25 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "arm": arm,
         "rate": _pct(arm.pass_rate),
         "interval": f"{_pct(arm.low)} – {_pct(arm.high)}" if arm.low is not None else "",
-        "mean_score": f"{arm.mean_score:.3f}" if arm.mean_score is not None else "–",
+        "if_errors_fail": _pct(arm.rate_if_errors_fail),
+        "mean_score": _with_interval(arm.mean_score, arm.mean_score_low, arm.mean_score_high, "{:.3f}"),
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
         "tokens": f"{arm.tokens:,}",
         "cost": f"${arm.cost:,.2f}",
-        "cost_per_pass": f"${arm.cost_per_pass:,.4f}" if arm.cost_per_pass is not None else "–",
+        "cost_per_pass": _with_interval(arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"),
         "flaky": _capped(arm.flaky),
         "at_k": [_pct(arm.pass_at_k.get(k)) for k in range(1, max_k + 1)],
         "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
     }
     versus = arm.versus
-    if versus and versus.tasks:
+    if versus:
         row["delta"] = f"{versus.delta * 100:+.1f} pp"
         row["delta_interval"] = f"{versus.low * 100:+.1f} to {versus.high * 100:+.1f}"
-        row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
-        row["significant"] = versus.p_holm < 0.05
+        row["paired_rates"] = f"{_pct(versus.arm_rate)} vs {_pct(versus.baseline_rate)}"
+        row["mde"] = f"±{versus.mde * 100:.1f} pp" if versus.mde is not None else "–"
+        if versus.p_value is not None:
+            row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
+            row["significant"] = versus.p_holm < 0.05
     row["improved"] = _capped(versus.improved if versus else [])
     row["regressed"] = _capped(versus.regressed if versus else [])
     return row
@@ -194,6 +208,28 @@ def _capped(items: list) -> dict:
         "more": max(0, len(items) - TASK_LIST_LIMIT),
         "count": len(items),
     }
+
+
+def _with_interval(value: float | None, low: float | None, high: float | None, form: str) -> str:
+    if value is None:
+        return "–"
+    if low is None:
+        return form.format(value)
+    return f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
+
+
+def _breakdown(rows, arms: list[ArmSummary]) -> list[dict]:
+    """Tag or criterion rows: each arm's rate and interval, as text."""
+    return [
+        {
+            "name": row.name,
+            "cells": [
+                f"{_pct(cell.estimate)} [{_pct(cell.low)}, {_pct(cell.high)}]" if cell else "–"
+                for cell in row.cells
+            ],
+        }
+        for row in rows
+    ]
 
 
 def _pct(value: float | None) -> str:

@@ -11,7 +11,8 @@ import yaml
 from django.db.models import Count, F, Q, Sum
 
 from experiments_app.models import Variant
-from runs_app.analysis.tally import Tally
+from runs_app.analysis.compare import ArmSummary
+from runs_app.analysis.load import compare_runs
 from runs_app.models import Run, Trial, TrialEvent
 
 
@@ -28,22 +29,21 @@ class VariantRow:
     tokens: int
     cost: float
     is_baseline: bool = False
+    arm: ArmSummary | None = None  # the comparison's figures: the same on every page
 
     @property
     def done(self) -> int:
         return self.passed + self.failed + self.error + self.cancelled
 
     @property
-    def tally(self) -> Tally:
-        return Tally(self.passed, self.failed, self.error)
-
-    @property
     def pass_rate(self) -> float | None:
-        return self.tally.rate
+        return self.arm.pass_rate if self.arm else None
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        return self.tally.interval()
+        if self.arm is None or self.arm.low is None:
+            return None
+        return (self.arm.low, self.arm.high)
 
     @property
     def bar(self) -> dict | None:
@@ -56,9 +56,11 @@ class VariantRow:
 
 
 def variant_rows(run: Run) -> list[VariantRow]:
-    """Per-variant counts, tokens and cost of the run's current trials.
+    """Per-variant counts, tokens and cost of the run's current trials, with the comparison's
+    rate and interval for each.
 
-    Grouped on the trial table alone (no join): about 3x faster at 100,000 trials on SQLite."""
+    Counts are grouped on the trial table alone (no join): about 3x faster at 100,000 trials on
+    SQLite."""
     counts = {status: Count("pk", filter=Q(status=status)) for status in Trial.Status.values}
     tokens = F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_creation_tokens")
     stats = {
@@ -71,11 +73,13 @@ def variant_rows(run: Run) -> list[VariantRow]:
     }
     baseline = (run.config or {}).get("baseline")
     variants = Variant.objects.filter(pk__in=stats).order_by("position", "pk")
+    arms = {arm.variant_slug: arm for arm in compare_runs([run]).arms} if stats else {}
     return [
         VariantRow(
             variant=v,
             **{**stats[v.pk], "tokens": stats[v.pk]["tokens"] or 0, "cost": stats[v.pk]["cost"] or 0.0},
             is_baseline=v.slug == baseline,
+            arm=arms.get(v.slug),
         )
         for v in variants
     ]

@@ -1,5 +1,6 @@
-"""The comparison (load, compare, bootstrap), trial rows and charts on small synthetic runs,
-against hand-computed values."""
+"""The comparison (load, compare), trial rows and charts on small synthetic runs, against
+hand-computed values. The estimators themselves are checked against references and simulation
+in test_inference."""
 
 import hashlib
 import math
@@ -11,7 +12,7 @@ import pytest
 from django.urls import reverse
 
 from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
-from runs_app.analysis import bootstrap, charts, compare, exports, load, stats
+from runs_app.analysis import charts, compare, exports, inference, load, stats
 from runs_app.models import Run, Trial
 
 pytestmark = pytest.mark.django_db
@@ -123,7 +124,7 @@ def one_repeat_run() -> Run:
     return make_run(make_experiment(), ONE_REPEAT, baseline="base", duration_seconds=durations)
 
 
-def test_it_counts_outcomes_and_leaves_errors_out_of_the_pass_rate():
+def test_it_counts_outcomes_and_leaves_infrastructure_errors_out_of_the_pass_rate():
     result = load.compare_runs([one_repeat_run()])
     base = arm(result, "base")
     assert (base.trials, base.passed, base.failed, base.errors) == (6, 3, 2, 1)
@@ -131,27 +132,33 @@ def test_it_counts_outcomes_and_leaves_errors_out_of_the_pass_rate():
     assert arm(result, "new").pass_rate == pytest.approx(5 / 6)
 
 
-def test_it_gives_wilson_intervals_with_one_repeat():
+def test_it_gives_the_clustered_interval_of_inference_with_one_repeat():
     result = load.compare_runs([one_repeat_run()])
     base, new = arm(result, "base"), arm(result, "new")
-    assert base.interval == "Wilson"
-    # Wilson 95% for 3/5 and 5/6 (statsmodels proportion_confint, method="wilson").
-    assert (base.low, base.high) == pytest.approx((0.230724, 0.882379), abs=1e-6)
-    assert (new.low, new.high) == pytest.approx((0.436497, 0.969947), abs=1e-6)
+    assert base.interval == "cluster-robust t over 5 clusters"
+    expected = inference.rate_interval([(1, 1), (1, 1), (0, 1), (0, 1), (1, 1)], range(5))
+    assert (base.pass_rate, base.low, base.high) == pytest.approx(expected[:3])
+    # Five binary units: t(4) is wide; it reaches both ends here.
+    assert (base.low, base.high) == (0.0, 1.0)
+    assert new.low < 5 / 6 < new.high
     assert base.pass_at_k == {} and base.pass_hat_k == {}
 
 
-def test_it_compares_with_mcnemar_and_newcombe_over_paired_tasks():
+def test_it_compares_over_paired_units_with_the_sign_flip_test():
     versus = arm(load.compare_runs([one_repeat_run()]), "new").versus
-    # t6 has no graded baseline trial: 5 pairs; both 2, new only 2 (t3, t4), base only 1 (t2).
-    assert versus.tasks == 5
-    assert versus.test == "McNemar exact"
-    assert versus.delta == pytest.approx(0.2)
-    assert (versus.low, versus.high) == pytest.approx((-0.398142, 0.661050), abs=1e-6)
-    # Exact binomial: 2 · P(X ≤ 1), X ~ Bin(3, 1/2) = 2 · 4/8, capped at 1.
-    assert versus.p_value == 1.0 and versus.p_holm == 1.0
-    assert [d.slug for d in versus.improved] == ["t3", "t4"]
-    assert [(d.slug, d.baseline, d.variant) for d in versus.regressed] == [("t2", "1/1", "0/1")]
+    # t6 has no graded baseline trial: 5 pairs; new only 2 (t3, t4), base only 1 (t2).
+    assert versus.units == 5
+    assert (versus.baseline_rate, versus.arm_rate) == pytest.approx((3 / 5, 4 / 5))
+    assert versus.delta == pytest.approx(versus.arm_rate - versus.baseline_rate) == pytest.approx(0.2)
+    assert versus.test == "sign-flip, exact"
+    # With one repeat the sign-flip test is McNemar's exact test.
+    assert versus.p_value == stats.mcnemar_exact(2, 1) == 1.0 and versus.p_holm == 1.0
+    # Newcombe's paired interval is the floor: the hull contains it.
+    _, low, high = stats.newcombe_paired_interval(2, 2, 1, 0)
+    assert versus.low <= low and versus.high >= high
+    # One trial a side is no evidence that a unit changed: nothing is listed.
+    assert versus.improved == [] and versus.regressed == []
+    assert versus.listed_by_chance == pytest.approx(0.05 * 5)
 
 
 def test_it_reports_score_duration_tokens_and_cost():
@@ -190,60 +197,41 @@ def test_it_gives_pass_at_k_and_pass_hat_k_with_repeats():
     # Tasks: 2/3, 0/3, 3/3. pass@2 of 2/3 = 1 - C(1,2)/C(3,2) = 1; pass^2 = C(2,2)/C(3,2) = 1/3.
     assert base.pass_at_k == pytest.approx({1: 5 / 9, 2: 2 / 3, 3: 2 / 3})
     assert base.pass_hat_k == pytest.approx({1: 5 / 9, 2: 4 / 9, 3: 1 / 3})
-    assert base.interval == "cluster bootstrap"
+    assert base.pass_at_k_units == {1: 3, 2: 3, 3: 3}
+    assert all(base.pass_at_k_low[k] <= base.pass_at_k[k] <= base.pass_at_k_high[k] for k in (1, 2, 3))
+    assert base.interval == "cluster-robust t over 3 clusters"
     assert base.flaky == ["a"]
 
 
-def test_it_stops_k_at_the_fewest_graded_trials_of_a_task():
+def test_a_unit_with_fewer_graded_trials_leaves_only_the_larger_k():
     outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}}
     base = arm(load.compare_runs([make_run(make_experiment(), outcomes)]), "base")
-    # b has 2 graded trials: k = 1, 2 only. pass@2: a 1, b 1; pass^2: a 1/3, b 0.
-    assert base.pass_at_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1.0})
-    assert base.pass_hat_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1 / 6})
+    # b has 2 graded trials: it counts for k = 1, 2; k = 3 is a's alone (pass@3 1, pass^3 0).
+    assert base.pass_at_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1.0, 3: 1.0})
+    assert base.pass_hat_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1 / 6, 3: 0.0})
+    assert base.pass_at_k_units == {1: 2, 2: 2, 3: 1}
 
 
-def test_it_bootstraps_the_paired_difference_over_tasks_with_repeats():
+def test_it_tests_the_paired_difference_over_units_with_repeats():
     versus = arm(load.compare_runs([make_run(make_experiment(), REPEATS)]), "new").versus
-    assert versus.test == "paired bootstrap"
-    # Per-task differences 1/3, 1/3, 0: Δ is their mean. A resample is 0 only when it draws
-    # task c three times (1/27), so p ≈ 2/27.
+    assert versus.test == "sign-flip, exact"
+    # Per-unit differences 1/3, 1/3, 0: Δ is their mean; two equal non-zero differences flip
+    # to the same |sum| in 2 of 4 sign patterns.
     assert versus.delta == pytest.approx(2 / 9)
-    assert 0.0 <= versus.low <= versus.delta <= versus.high <= 1 / 3
-    assert versus.p_value == pytest.approx(2 / 27, abs=0.03)
-    assert [d.slug for d in versus.improved] == ["a", "b"] and versus.regressed == []
+    assert versus.low <= versus.delta <= versus.high
+    assert versus.p_value == pytest.approx(0.5)
+    assert versus.mde is not None and versus.mde > 0
+    # 2/3 against 3/3 on one unit is not significant on its own.
+    assert versus.improved == [] and versus.regressed == []
 
 
-def test_it_gives_a_zero_width_interval_when_every_task_agrees():
+def test_it_never_gives_a_zero_width_interval_when_every_unit_agrees():
     outcomes = {slug: {"base": "PPF", "new": "PPF"} for slug in ("a", "b", "c")}
     result = load.compare_runs([make_run(make_experiment(), outcomes)])
     base, new = arm(result, "base"), arm(result, "new")
-    assert (base.pass_rate, base.low, base.high) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
-    assert (new.versus.delta, new.versus.low, new.versus.high, new.versus.p_value) == (0.0, 0.0, 0.0, 1.0)
-
-
-def test_it_matches_the_reference_bootstraps_of_stats():
-    rng = random.Random(11)
-    counts = [
-        [(rng.randint(0, n), n) for n in (rng.choice((4, 5)), 5, rng.choice((3, 5)))] for _ in range(60)
-    ]
-    intervals, paired = bootstrap.task_bootstrap(counts, 0, iterations=2000, seed=3)
-    for a in range(3):
-        reference = stats.cluster_bootstrap_pass_rate([row[a] for row in counts], iterations=2000, seed=5)
-        assert intervals[a] == pytest.approx(reference[1:], abs=0.02)
-    base = {t: row[0] for t, row in enumerate(counts)}
-    for a in (1, 2):
-        reference = stats.paired_bootstrap(base, {t: row[a] for t, row in enumerate(counts)}, iterations=2000)
-        assert paired[a].delta == pytest.approx(reference.delta, abs=1e-12)
-        assert (paired[a].low, paired[a].high) == pytest.approx((reference.low, reference.high), abs=0.025)
-        assert paired[a].p_value == pytest.approx(reference.p_value, abs=0.05)
-    assert paired[0] is None
-
-
-def test_it_is_reproducible_for_a_seed():
-    counts = [[(1, 3), (2, 3)], [(0, 3), (3, 3)], [(3, 3), (2, 3)], [(2, 3), (2, 3)]]
-    first = bootstrap.task_bootstrap(counts, 0, seed=4)
-    assert bootstrap.task_bootstrap(counts, 0, seed=4) == first
-    assert bootstrap.task_bootstrap(counts, 0, seed=5) != first
+    assert base.pass_rate == pytest.approx(2 / 3) and base.low < 2 / 3 < base.high
+    assert new.versus.delta == 0.0 and new.versus.low < 0 < new.versus.high
+    assert new.versus.p_value == 1.0
 
 
 # --- selection, warnings, heat-map ------------------------------------------------------------
@@ -320,21 +308,25 @@ def test_it_compares_runs_and_warns_when_a_task_or_its_config_changed():
         f"new@{new.pk}",
     ]
     assert result.baseline == f"base@{old.pk}"
-    task_note, config_note = result.warnings
+    task_note, config_note = [
+        note for note in result.warnings if note.startswith(("Task changed", "Configuration or grader"))
+    ]
     assert task_note.startswith(f"Task changed between run #{old.pk} and run #{new.pk}: edited ")
     assert config_note.startswith(
         f"Configuration or grader changed between run #{old.pk} and run #{new.pk} for regraded "
     )
-    # The changed task still pairs across runs.
-    assert arm(result, f"base@{new.pk}").versus.tasks == 3
+    # The changed task still pairs across runs, but no test compares across the change.
+    versus = arm(result, f"base@{new.pk}").versus
+    assert versus.units == 3 and versus.p_value is None
+    assert versus.untested.startswith(f"tasks changed between run #{old.pk} and run #{new.pk} (edited)")
 
 
-def test_it_loads_a_comparison_in_three_queries(django_assert_num_queries):
+def test_it_loads_a_comparison_in_four_queries(django_assert_num_queries):
     experiment = make_experiment(variants=("base", "new", "third"))
     outcomes = {f"t{i}": {"base": "PF", "new": "PP", "third": "FE"} for i in range(5)}
     run = make_run(experiment, outcomes)
     run = Run.objects.select_related("experiment").get(pk=run.pk)
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):
         data = load.load([run])
     with django_assert_num_queries(0):
         compare.compare(data)
@@ -382,8 +374,8 @@ def test_it_summarises_as_flat_rows_and_json_ready_data():
     assert rows[1]["delta"] == pytest.approx(2 / 9) and rows[0]["delta"] is None
     assert rows[0]["pass@3"] == pytest.approx(2 / 3)
     data = result.to_dict()
-    assert data["arms"][1]["versus"]["test"] == "paired bootstrap"
-    assert data["bootstrap"] == {"iterations": bootstrap.ITERATIONS, "seed": 0}
+    assert data["arms"][1]["versus"]["test"] == "sign-flip, exact"
+    assert data["cluster"] == "unit" and "cluster-robust t" in data["method"]
 
 
 # --- charts ------------------------------------------------------------------------------------

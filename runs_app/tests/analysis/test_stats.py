@@ -1,14 +1,21 @@
 """Tests of runs_app.analysis.stats: published values, edge cases, properties, and (dev requirements only)
 agreement with statsmodels, scipy and numpy on random inputs."""
 
+import importlib
 import math
 import random
 import statistics
 from fractions import Fraction
 
 import pytest
+from scipy import stats as scipy_stats
 
 from runs_app.analysis import stats
+
+
+def _random_counts(rng: random.Random, tasks: int, repeats: int) -> list[tuple[int, int]]:
+    return [(rng.randint(0, repeats), repeats) for _ in range(tasks)]
+
 
 # --- Wilson -----------------------------------------------------------------------------------
 
@@ -52,79 +59,6 @@ def test_it_widens_the_wilson_interval_with_confidence_and_narrows_it_with_trial
 def test_it_rejects_impossible_wilson_arguments(successes, n, confidence):
     with pytest.raises(ValueError):
         stats.wilson_interval(successes, n, confidence)
-
-
-# --- cluster bootstrap ------------------------------------------------------------------------
-
-
-def _random_counts(rng: random.Random, tasks: int, repeats: int) -> list[tuple[int, int]]:
-    # Tasks of varied difficulty, so repeats of one task are correlated as in real runs.
-    return [(sum(rng.random() < rng.random() for _ in range(repeats)), repeats) for _ in range(tasks)]
-
-
-def test_it_pools_passes_over_trials_for_the_estimate():
-    estimate, low, high = stats.cluster_bootstrap_pass_rate(
-        {"a": [True, True, False], "b": [False], "c": []}, iterations=200
-    )
-    assert estimate == 0.5
-    assert 0.0 <= low <= estimate <= high <= 1.0
-
-
-def test_it_accepts_outcome_lists_or_pass_counts_alike():
-    outcomes = {"a": [True, True, False], "b": [False, False, False], "c": [True, True, True]}
-    counts = [(2, 3), (0, 3), (3, 3)]
-    assert stats.cluster_bootstrap_pass_rate(outcomes, iterations=300) == (
-        stats.cluster_bootstrap_pass_rate(counts, iterations=300)
-    )
-
-
-def test_it_reproduces_the_cluster_bootstrap_from_its_seed_whatever_the_input_order():
-    counts = _random_counts(random.Random(1), tasks=200, repeats=5)
-    shuffled = counts[:]
-    random.Random(2).shuffle(shuffled)
-    first = stats.cluster_bootstrap_pass_rate(counts, seed=7, iterations=500)
-    assert stats.cluster_bootstrap_pass_rate(shuffled, seed=7, iterations=500) == first
-    assert stats.cluster_bootstrap_pass_rate(counts, seed=8, iterations=500) != first
-
-
-def test_it_gives_degenerate_intervals_when_every_trial_agrees():
-    assert stats.cluster_bootstrap_pass_rate([(5, 5)] * 20, iterations=100) == (1.0, 1.0, 1.0)
-    assert stats.cluster_bootstrap_pass_rate([(0, 5)] * 20, iterations=100) == (0.0, 0.0, 0.0)
-
-
-def test_it_ignores_tasks_without_trials_and_returns_the_uninformative_interval_for_none():
-    assert stats.cluster_bootstrap_pass_rate([]) == (0.0, 0.0, 1.0)
-    assert stats.cluster_bootstrap_pass_rate([(0, 0), (0, 0)]) == (0.0, 0.0, 1.0)
-    with_empty = stats.cluster_bootstrap_pass_rate([(3, 4), (0, 0), (1, 4)], iterations=200)
-    assert with_empty == stats.cluster_bootstrap_pass_rate([(3, 4), (1, 4)], iterations=200)
-
-
-def test_it_matches_the_cluster_robust_standard_error():
-    counts = _random_counts(random.Random(3), tasks=400, repeats=4)
-    estimate, low, high = stats.cluster_bootstrap_pass_rate(counts, iterations=2000)
-    # Delta-method (cluster-robust) standard error of a ratio estimator Σk / Σn.
-    total_n = sum(n for _, n in counts)
-    residuals = [k - estimate * n for k, n in counts]
-    standard_error = math.sqrt(sum(r * r for r in residuals)) / total_n
-    assert (high - low) / 2 == pytest.approx(1.96 * standard_error, rel=0.12)
-
-
-def test_it_is_wider_than_a_trial_level_interval_when_repeats_agree():
-    # Each task passes all or none of its 10 repeats: the information is 100 tasks, not 1,000
-    # trials, so a Wilson interval on the pooled trials would be far too narrow.
-    counts = [(10, 10)] * 50 + [(0, 10)] * 50
-    _, low, high = stats.cluster_bootstrap_pass_rate(counts, iterations=1000)
-    wilson_low, wilson_high = stats.wilson_interval(500, 1000)
-    assert high - low > 2.5 * (wilson_high - wilson_low)
-
-
-def test_it_rejects_bad_bootstrap_arguments():
-    with pytest.raises(ValueError):
-        stats.cluster_bootstrap_pass_rate([(3, 2)])
-    with pytest.raises(ValueError):
-        stats.cluster_bootstrap_pass_rate([(1, 2)], iterations=0)
-    with pytest.raises(ValueError):
-        stats.cluster_bootstrap_pass_rate([(1, 2)], confidence=1.5)
 
 
 # --- pass@k and pass^k ------------------------------------------------------------------------
@@ -215,70 +149,6 @@ def test_it_rejects_negative_discordant_counts():
         stats.mcnemar_exact(-1, 3)
 
 
-# --- paired bootstrap -------------------------------------------------------------------------
-
-
-def _arms(
-    seed: int, tasks: int, shift: float
-) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
-    rng = random.Random(seed)
-    baseline, variant = {}, {}
-    for index in range(tasks):
-        difficulty = rng.random()
-        easier = min(1.0, max(0.0, difficulty + shift + rng.gauss(0, 0.1)))
-        baseline[f"t{index}"] = (sum(rng.random() < difficulty for _ in range(5)), 5)
-        variant[f"t{index}"] = (sum(rng.random() < easier for _ in range(5)), 5)
-    return baseline, variant
-
-
-def test_it_gives_p_one_and_a_zero_delta_for_identical_arms():
-    baseline, _ = _arms(6, tasks=100, shift=0.0)
-    assert stats.paired_bootstrap(baseline, baseline, iterations=500) == (0.0, 0.0, 0.0, 1.0)
-
-
-def test_it_detects_a_clear_improvement():
-    baseline, variant = _arms(7, tasks=200, shift=0.15)
-    result = stats.paired_bootstrap(baseline, variant, iterations=1000)
-    assert 0.0 < result.low < result.delta < result.high
-    assert result.p_value == pytest.approx(2 / 1001)
-
-
-def test_it_mirrors_the_result_when_the_arms_swap():
-    baseline, variant = _arms(8, tasks=150, shift=0.05)
-    forward = stats.paired_bootstrap(baseline, variant, iterations=800)
-    backward = stats.paired_bootstrap(variant, baseline, iterations=800)
-    assert backward.delta == pytest.approx(-forward.delta)
-    assert backward.low == pytest.approx(-forward.high)
-    assert backward.high == pytest.approx(-forward.low)
-    assert backward.p_value == pytest.approx(forward.p_value)
-
-
-def test_it_agrees_with_the_normal_approximation():
-    baseline, variant = _arms(9, tasks=400, shift=0.02)
-    result = stats.paired_bootstrap(baseline, variant, iterations=2000)
-    diffs = [variant[t][0] / variant[t][1] - baseline[t][0] / baseline[t][1] for t in baseline]
-    standard_error = statistics.stdev(diffs) / math.sqrt(len(diffs))
-    assert result.delta == pytest.approx(statistics.fmean(diffs))
-    assert (result.high - result.low) / 2 == pytest.approx(1.96 * standard_error, rel=0.12)
-    normal_p = 2 * (1 - statistics.NormalDist().cdf(abs(result.delta) / standard_error))
-    assert result.p_value == pytest.approx(normal_p, abs=0.03)
-
-
-def test_it_pairs_only_tasks_both_arms_ran():
-    baseline = {"a": (1, 2), "b": (0, 2), "only_baseline": (2, 2), "errored": (0, 0)}
-    variant = {"a": (2, 2), "b": (1, 2), "only_variant": (0, 2), "errored": (1, 1)}
-    assert stats.paired_bootstrap(baseline, variant, iterations=200).delta == 0.5
-    assert stats.paired_bootstrap({"x": (1, 1)}, {"y": (1, 1)}) == (0.0, -1.0, 1.0, 1.0)
-
-
-def test_it_reproduces_the_paired_bootstrap_from_its_seed_whatever_the_input_order():
-    baseline, variant = _arms(10, tasks=100, shift=0.03)
-    reordered = dict(reversed(list(variant.items())))
-    first = stats.paired_bootstrap(baseline, variant, seed=3, iterations=500)
-    assert stats.paired_bootstrap(baseline, reordered, seed=3, iterations=500) == first
-    assert stats.paired_bootstrap(baseline, variant, seed=4, iterations=500) != first
-
-
 # --- Newcombe paired interval -----------------------------------------------------------------
 
 
@@ -357,7 +227,7 @@ def test_it_interpolates_quantiles_like_the_inclusive_method():
 
 
 def test_it_matches_statsmodels_wilson():
-    proportion = pytest.importorskip("statsmodels.stats.proportion")
+    proportion = importlib.import_module("statsmodels.stats.proportion")
     rng = random.Random(20)
     for _ in range(300):
         n = rng.randint(1, 500)
@@ -367,7 +237,7 @@ def test_it_matches_statsmodels_wilson():
 
 
 def test_it_matches_statsmodels_exact_mcnemar():
-    contingency_tables = pytest.importorskip("statsmodels.stats.contingency_tables")
+    contingency_tables = importlib.import_module("statsmodels.stats.contingency_tables")
     rng = random.Random(21)
     for _ in range(300):
         both, b, c, neither = (rng.randint(0, 60) for _ in range(4))
@@ -377,7 +247,7 @@ def test_it_matches_statsmodels_exact_mcnemar():
 
 
 def test_it_matches_statsmodels_holm():
-    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    multitest = importlib.import_module("statsmodels.stats.multitest")
     rng = random.Random(22)
     # multipletests costs ~25 ms a call here: a few dozen vectors keep the test under a second.
     for _ in range(30):
@@ -387,7 +257,7 @@ def test_it_matches_statsmodels_holm():
 
 
 def test_it_matches_scipy_binomials_for_pass_k():
-    special = pytest.importorskip("scipy.special")
+    special = importlib.import_module("scipy.special")
     rng = random.Random(23)
     for _ in range(300):
         n = rng.randint(1, 300)
@@ -398,26 +268,15 @@ def test_it_matches_scipy_binomials_for_pass_k():
         assert stats.pass_hat_k(n, c, k) == pytest.approx(special.comb(c, k, exact=True) / total, abs=1e-12)
 
 
-def test_it_matches_scipys_percentile_bootstrap():
-    scipy_stats = pytest.importorskip("scipy.stats")
-    numpy = pytest.importorskip("numpy")
-    counts = _random_counts(random.Random(24), tasks=300, repeats=6)
-    passes = numpy.array([k for k, _ in counts])
-    trials = numpy.array([n for _, n in counts])
-
-    def pooled(k, n, axis):
-        return k.sum(axis=axis) / n.sum(axis=axis)
-
-    expected = scipy_stats.bootstrap(
-        (passes, trials), pooled, paired=True, n_resamples=4000, method="percentile", rng=1
-    ).confidence_interval
-    _, low, high = stats.cluster_bootstrap_pass_rate(counts, iterations=4000)
-    # Two Monte Carlo estimates of the same quantiles (standard error ≈ 0.02): within 0.004.
-    assert (low, high) == pytest.approx((expected.low, expected.high), abs=0.004)
+def test_it_matches_scipys_continuity_corrected_wilson():
+    for successes, n in [(0, 10), (3, 10), (10, 10), (17, 40), (1, 3)]:
+        expected = scipy_stats.binomtest(successes, n).proportion_ci(method="wilsoncc")
+        got = stats.wilson_cc_interval(successes / n, n, 1.959963984540054)
+        assert got == pytest.approx((expected.low, expected.high), abs=1e-12)
 
 
 def test_it_matches_numpy_quantiles():
-    numpy = pytest.importorskip("numpy")
+    numpy = importlib.import_module("numpy")
     rng = random.Random(25)
     values = sorted(rng.gauss(0, 1) for _ in range(257))
     for q in (0.0, 0.025, 0.5, 0.975, 1.0, rng.random()):

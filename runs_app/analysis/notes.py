@@ -1,0 +1,137 @@
+"""What a comparison says in words beside its numbers: warnings, and why a test was not run.
+
+Pure (no Django); `analysis.compare` calls it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runs_app.analysis.compare import Arm, Comparison, ComparisonData, Unit
+
+# Below this many clusters an interval leans on its floor and the t quantile's width.
+FEW_CLUSTERS = 10
+# Warnings list this many names, then "and N more".
+LISTED = 10
+
+
+def untested_reason(data: ComparisonData, baseline: Arm, arm: Arm, units: list[Unit]) -> str:
+    """Why no test compares `arm` with `baseline`, or "" when one is valid.
+
+    Across two runs a difference may come from what changed between them rather than from
+    the variant: a new version of a task, or the same variant run with another configuration.
+    """
+    if arm.run_id == baseline.run_id:
+        return ""
+    changed = sorted(
+        {
+            unit.task.slug
+            for unit in units
+            if data.digests.get((arm.run_id, unit.task.task_id))
+            and data.digests.get((baseline.run_id, unit.task.task_id))
+            and data.digests[(arm.run_id, unit.task.task_id)] != data.digests[(baseline.run_id, unit.task.task_id)]
+        }
+    )
+    if changed:
+        return (
+            f"tasks changed between run #{baseline.run_id} and run #{arm.run_id} ({_names(changed)}): "
+            "the difference is shown, not tested"
+        )
+    if arm.variant_slug == baseline.variant_slug:
+        differ = sorted(
+            {
+                unit.label
+                for unit in units
+                if _fingerprints(data, baseline, unit)
+                and _fingerprints(data, arm, unit)
+                and _fingerprints(data, baseline, unit) != _fingerprints(data, arm, unit)
+            }
+        )
+        if differ:
+            return (
+                f"{arm.variant_slug} ran with another configuration in run #{arm.run_id} "
+                f"({_names(differ)}): the difference is shown, not tested"
+            )
+    return ""
+
+
+def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> list[str]:
+    notes = []
+    for run in data.runs:
+        if not run.is_final:
+            notes.append(
+                f"Run #{run.pk} is {run.status}: these figures will change as trials finish; "
+                "p-values are shown once it has ended."
+            )
+    for arm in result.arms:
+        if arm.not_comparable:
+            notes.append(
+                f"Not comparable: in {arm.label}, trials of {_names(arm.not_comparable)} ran with "
+                "different configurations (their fingerprints differ)."
+            )
+        if 0 < arm.clusters < FEW_CLUSTERS:
+            notes.append(
+                f"{arm.label} has {arm.clusters} cluster{'s' if arm.clusters != 1 else ''} "
+                f"({result.cluster}): with fewer than {FEW_CLUSTERS} the interval rests on few "
+                "independent draws; add tasks to narrow it."
+            )
+        versus = arm.versus
+        if versus and versus.errors_differ:
+            notes.append(
+                f"{arm.label} hits infrastructure errors on {versus.arm_error_share:.0%} of its trials "
+                f"against {versus.baseline_error_share:.0%} for the baseline (sign-flip p = "
+                f"{versus.error_p:.2g}): its pass rate leaves out different trials. With every error "
+                f"counted as a fail, Δ is {versus.delta_if_errors_fail * 100:+.1f} pp "
+                f"[{versus.delta_if_errors_fail_low * 100:+.1f}, {versus.delta_if_errors_fail_high * 100:+.1f}]."
+            )
+        if versus and versus.untested and data.runs and all(run.is_final for run in data.runs):
+            notes.append(f"{arm.label} against the baseline: {versus.untested}.")
+    if len(data.runs) > 1:
+        notes += _changes_between_runs(data, units)
+    return notes
+
+
+def _changes_between_runs(data: ComparisonData, units: list[Unit]) -> list[str]:
+    """Tasks whose bundle, or whose resolved config and grader, differ between the runs."""
+    first = data.runs[0].pk
+    task_changed: dict[int, set[str]] = defaultdict(set)
+    config_changed: dict[int, set[str]] = defaultdict(set)
+    arms_by_slug = defaultdict(list)
+    for arm in data.arms:
+        arms_by_slug[arm.variant_slug].append(arm)
+    for run in data.runs[1:]:
+        for unit in units:
+            task = unit.task
+            old, new = data.digests.get((first, task.task_id)), data.digests.get((run.pk, task.task_id))
+            if old and new and old != new:
+                task_changed[run.pk].add(task.slug)
+                continue
+            for same in arms_by_slug.values():
+                before = next((a for a in same if a.run_id == first), None)
+                after = next((a for a in same if a.run_id == run.pk), None)
+                if before and after and _fingerprints(data, before, unit) != _fingerprints(data, after, unit):
+                    config_changed[run.pk].add(task.slug)
+                    break
+    found = [
+        f"Task changed between run #{first} and run #{run_id}: {_names(sorted(slugs))} (a new task "
+        "version: its prompt, files or grader differ)."
+        for run_id, slugs in task_changed.items()
+    ]
+    found += [
+        f"Configuration or grader changed between run #{first} and run #{run_id} for "
+        f"{_names(sorted(slugs))} (same task version, different trial fingerprints)."
+        for run_id, slugs in config_changed.items()
+    ]
+    return found
+
+
+def _fingerprints(data: ComparisonData, arm: Arm, unit: Unit) -> tuple[str, str] | None:
+    cell = data.cells.get((arm.key, *unit.key))
+    return cell.fingerprints if cell else None
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED])
+    return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"

@@ -1,0 +1,130 @@
+"""Seeded simulated experiments: what the validity claims of `analysis.inference` rest on.
+
+No Django. Tasks draw a difficulty p ~ Beta(a, b) (the baseline's chance to pass), the variant's is
+expit(logit(p) + shift), and each arm runs `repeats` trials per task. `validity` replays one
+design many times and returns the coverage of the rate and Δ intervals, and how often the
+sign-flip test rejects at α (the false-positive rate when shift = 0, the power otherwise).
+`comparison_data` builds the same experiment as a `ComparisonData`, so a replicate can go through
+the real `compare()` (bench/stats_validity.py and the tests do both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit, logit
+
+from runs_app.analysis import inference
+from runs_app.analysis.compare import Arm, Cell, ComparisonData, TaskInfo, Unit
+
+
+@dataclass(frozen=True)
+class Design:
+    clusters: int
+    repeats: int
+    a: float = 2.0  # task difficulty ~ Beta(a, b)
+    b: float = 2.0
+    shift: float = 0.0  # the variant's log-odds change on every task
+    error_share: float = 0.0  # of the variant's failed trials that end as infrastructure errors
+
+
+@dataclass(frozen=True)
+class Validity:
+    design: Design
+    replicates: int
+    rate_coverage: float
+    delta_coverage: float
+    rejected: float  # share of replicates with sign-flip p < alpha
+    true_rate: float
+    true_delta: float
+
+    @property
+    def monte_carlo_error(self) -> float:
+        """One standard error of a share near 95% over these replicates."""
+        return (0.95 * 0.05 / self.replicates) ** 0.5
+
+
+def true_values(design: Design, seed: int = 12345) -> tuple[float, float]:
+    """The population's baseline pass rate, and Δ = E[p_variant - p_baseline] (by 400,000 draws)."""
+    rng = np.random.default_rng(seed)
+    p = rng.beta(design.a, design.b, 400_000)
+    return design.a / (design.a + design.b), float((_variant(p, design.shift) - p).mean())
+
+
+def draw(design: Design, rng: np.random.Generator) -> tuple[list, list]:
+    """One replicate: per task, (passes, graded) of the baseline and of the variant."""
+    p = rng.beta(design.a, design.b, design.clusters)
+    base = rng.binomial(design.repeats, p)
+    passes = rng.binomial(design.repeats, _variant(p, design.shift))
+    fails = design.repeats - passes
+    errors = rng.binomial(fails, design.error_share) if design.error_share else np.zeros_like(fails)
+    baseline = [(int(k), design.repeats) for k in base]
+    variant = [(int(k), int(design.repeats - e)) for k, e in zip(passes, errors, strict=True)]
+    return baseline, variant
+
+
+def validity(design: Design, replicates: int, *, seed: int = 0, alpha: float = 0.05) -> Validity:
+    rng = np.random.default_rng(seed)
+    true_rate, true_delta = true_values(design)
+    clusters = list(range(design.clusters))
+    covered_rate = covered_delta = rejected = 0
+    for _ in range(replicates):
+        baseline, variant = draw(design, rng)
+        rate = inference.rate_interval(baseline, clusters)
+        covered_rate += rate.low <= true_rate <= rate.high
+        delta = inference.difference_interval(baseline, variant, clusters)
+        covered_delta += delta is not None and delta.low - 1e-12 <= true_delta <= delta.high + 1e-12
+        tested = inference.sign_flip_p(baseline, variant, clusters)
+        rejected += tested is not None and tested[0] < alpha
+    return Validity(
+        design,
+        replicates,
+        covered_rate / replicates,
+        covered_delta / replicates,
+        rejected / replicates,
+        true_rate,
+        true_delta,
+    )
+
+
+def comparison_data(design: Design, rng: np.random.Generator, *, rows: bool = False) -> ComparisonData:
+    """One replicate as the comparison's input: two arms of one finished run. With `rows`, the
+    units are the dataset rows of a single task instead of one task each."""
+    baseline, variant = draw(design, rng)
+    arms = [Arm("base", "base", 1, 1, "base"), Arm("new", "new", 1, 2, "new")]
+    if rows:
+        task = TaskInfo(1, "dataset", ())
+        units = [Unit(task, f"row-{i:04d}") for i in range(design.clusters)]
+    else:
+        units = [Unit(TaskInfo(i + 1, f"task-{i:04d}", ()), "") for i in range(design.clusters)]
+    cells = {}
+    for unit, (bp, bn), (vp, vn) in zip(units, baseline, variant, strict=True):
+        cells[("base", *unit.key)] = Cell(passed=bp, failed=bn - bp, total=bn, dataset_rows=bn * rows)
+        errors = design.repeats - vn
+        cells[("new", *unit.key)] = Cell(
+            passed=vp, failed=vn - vp, errors=errors, total=design.repeats, dataset_rows=design.repeats * rows
+        )
+    return ComparisonData(
+        runs=[_FinishedRun()],
+        arms=arms,
+        tasks=sorted({unit.task for unit in units}, key=lambda task: task.slug),
+        units=units,
+        cells=cells,
+        digests={},
+        default_baseline="base",
+    )
+
+
+class _FinishedRun:
+    pk = 1
+    status = "finished"
+    fingerprint = "simulated"
+    gate_results: list = []
+    is_final = True
+
+
+def _variant(p: np.ndarray, shift: float) -> np.ndarray:
+    if not shift:
+        return p
+    return expit(logit(np.clip(p, 1e-12, 1 - 1e-12)) + shift)
