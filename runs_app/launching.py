@@ -30,6 +30,8 @@ from experiments_app.specs.resolve import (
     trial_layers,
 )
 from runs_app import control
+from runs_app.analysis import planning
+from runs_app.analysis.load import load
 from runs_app.models import Run, Trial
 
 ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
@@ -129,6 +131,23 @@ def rerun_options(run: Run) -> LaunchOptions:
         agent_type=chosen.get("agent_type"),
         model=chosen.get("model"),
     )
+
+
+def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> planning.Plan:
+    """What a run of `experiment` with `options` could detect: its units (tasks × dataset rows,
+    as a launch would select them) and repeats, with the variance of its latest finished run
+    when there is one."""
+    options = options or LaunchOptions()
+    seed = options.seed if options.seed is not None else 0
+    versions = _selected_versions(experiment, options, seed)
+    units = sum(len(_dataset_rows(version, options, seed)) for version in versions)
+    variants = list(experiment.variants.all())
+    repeats = options.repeats or min((v.effective_repeats() for v in variants), default=1)
+    model = planning.ASSUMED
+    pilot = experiment.runs.filter(status=Run.Status.FINISHED).order_by("-finished_at", "-pk").first()
+    if pilot is not None:
+        model = planning.pilot_model(load([pilot]), None, f"from run #{pilot.pk}") or model
+    return planning.plan(units, repeats, model)
 
 
 def _override_layer(options: LaunchOptions) -> dict:

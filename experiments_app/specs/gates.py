@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GateModel(BaseModel):
@@ -31,6 +31,15 @@ class MinPassRateGate(GateModel):
     variant: str | None = None
     overall: bool = False
     use: Literal["lower_bound", "estimate"] = "lower_bound"
+
+    @model_validator(mode="after")
+    def _reachable(self) -> MinPassRateGate:
+        if self.use == "lower_bound" and self.value >= 1.0:
+            raise ValueError(
+                "an interval's lower bound never reaches 100%, so this gate could never pass: add "
+                "`use: estimate` to require every graded trial to pass"
+            )
+        return self
 
 
 class NoRegressionGate(GateModel):

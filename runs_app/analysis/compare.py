@@ -336,7 +336,12 @@ class Comparison:
         """The summary as JSON-ready data (no per-unit matrix: see `trial_rows` for trials)."""
         return {
             "runs": [
-                {"id": run.pk, "status": run.status, "fingerprint": run.fingerprint, "gates": run.gate_results}
+                {
+                    "id": run.pk,
+                    "status": run.status,
+                    "fingerprint": run.fingerprint,
+                    "gates": run.gate_results,
+                }
                 for run in self.runs
             ],
             "baseline": self.baseline,
@@ -459,7 +464,9 @@ def compare(
         arm.is_baseline = i == base
         if i != base:
             untested = notes.untested_reason(data, data.arms[base], data.arms[i], units)
-            arm.versus = _versus(units, clusters, matrix, base, i, confidence, alpha, final, untested, draws, seed)
+            arm.versus = _versus(
+                units, clusters, matrix, base, i, confidence, alpha, final, untested, draws, seed
+            )
     _holm(arms)
     result = Comparison(
         runs=data.runs,
@@ -478,7 +485,9 @@ def compare(
         by_criterion=_by_criterion(data, units, clusters, keys, confidence),
         warnings=[],
         overall=inference.rate_interval(
-            [(sum(c.passed for c in row if c), sum(c.n for c in row if c)) for row in matrix], clusters, confidence
+            [(sum(c.passed for c in row if c), sum(c.n for c in row if c)) for row in matrix],
+            clusters,
+            confidence,
         ),
     )
     result.warnings = notes.warnings(data, result, units)
@@ -516,10 +525,16 @@ def _summary(arm: Arm, i: int, units: list[Unit], clusters: list, matrix, confid
     rate = inference.rate_interval([_graded(c) for c in column], clusters, confidence)
     if_fail = inference.rate_interval([_finished(c) for c in column], clusters, confidence)
     graded_clusters = [key for cell, key in zip(column, clusters, strict=True) if cell and cell.n]
-    scored = [(c.score_sum, c.score_n, key) for c, key in zip(column, clusters, strict=True) if c and c.score_n]
-    score = inference.ratio_interval([s / n for s, n, _ in scored], [1] * len(scored), [k for *_, k in scored])
+    scored = [
+        (c.score_sum, c.score_n, key) for c, key in zip(column, clusters, strict=True) if c and c.score_n
+    ]
+    score = inference.ratio_interval(
+        [s / n for s, n, _ in scored], [1] * len(scored), [k for *_, k in scored]
+    )
     cost = math.fsum(cell.cost for cell in cells)
-    per_pass = inference.ratio_interval([c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters))
+    per_pass = inference.ratio_interval(
+        [c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters)
+    )
     durations = [cell.mean_duration for cell in cells if cell.duration_n]
     curves = _k_curves([_graded(c) for c in column], clusters, confidence)
     return ArmSummary(
@@ -534,7 +549,11 @@ def _summary(arm: Arm, i: int, units: list[Unit], clusters: list, matrix, confid
         errors=totals["errors"],
         agent_errors=totals["agent_errors"],
         cancelled=totals["cancelled"],
-        pending=totals["total"] - totals["passed"] - totals["failed"] - totals["errors"] - totals["cancelled"],
+        pending=totals["total"]
+        - totals["passed"]
+        - totals["failed"]
+        - totals["errors"]
+        - totals["cancelled"],
         units=len(graded_clusters),
         clusters=len(set(graded_clusters)),
         pass_rate=rate.estimate if rate else None,
@@ -554,7 +573,9 @@ def _summary(arm: Arm, i: int, units: list[Unit], clusters: list, matrix, confid
         cost_per_pass=per_pass.estimate if per_pass else None,
         cost_per_pass_low=max(0.0, per_pass.low) if per_pass and per_pass.se is not None else None,
         cost_per_pass_high=per_pass.high if per_pass and per_pass.se is not None else None,
-        flaky=[unit.label for unit, c in zip(units, column, strict=True) if c and c.n >= 2 and 0 < c.passed < c.n],
+        flaky=[
+            unit.label for unit, c in zip(units, column, strict=True) if c and c.n >= 2 and 0 < c.passed < c.n
+        ],
         # Dataset rows each resolve their own config, so only a plain task's cell must agree.
         not_comparable=sorted(
             {
@@ -637,7 +658,9 @@ def _versus(units, clusters, matrix, base: int, i: int, confidence, alpha, final
         untested=untested,
     )
     if not untested and not final:
-        versus.untested = "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
+        versus.untested = (
+            "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
+        )
     if not versus.untested:
         p_value, exact = inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
         versus.p_value = p_value
@@ -716,7 +739,9 @@ def _by_tag(data, units, clusters, matrix, confidence: float) -> list[BreakdownR
     for tag in sorted({tag for unit in units for tag in unit.task.tags}):
         chosen = [j for j, unit in enumerate(units) if tag in unit.task.tags]
         cells = [
-            inference.rate_interval([_graded(matrix[j][i]) for j in chosen], [clusters[j] for j in chosen], confidence)
+            inference.rate_interval(
+                [_graded(matrix[j][i]) for j in chosen], [clusters[j] for j in chosen], confidence
+            )
             for i in range(len(data.arms))
         ]
         rows.append(BreakdownRow(tag, cells))

@@ -145,8 +145,14 @@ def difference_interval(
     ]
     if not rows:
         return None
-    main = ratio_interval([ya - yb for yb, ya, _, _ in rows], [1] * len(rows), [r[3] for r in rows], confidence)
-    q = _z_quantile(confidence) if main.se is None else t_quantile(1 - (1 - confidence) / 2, main.clusters - 1)
+    main = ratio_interval(
+        [ya - yb for yb, ya, _, _ in rows], [1] * len(rows), [r[3] for r in rows], confidence
+    )
+    q = (
+        _z_quantile(confidence)
+        if main.se is None
+        else t_quantile(1 - (1 - confidence) / 2, main.clusters - 1)
+    )
     both = math.fsum(float(m * ya * yb) for yb, ya, m, _ in rows)
     arm_only = math.fsum(float(m * ya * (1 - yb)) for yb, ya, m, _ in rows)
     baseline_only = math.fsum(float(m * (1 - ya) * yb) for yb, ya, m, _ in rows)

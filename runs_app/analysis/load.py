@@ -49,7 +49,8 @@ def load(runs: Sequence[Run]) -> ComparisonData:
     arms = _arms(runs, rows, variants)
     arm_of = {(arm.run_id, arm.variant_id): arm.key for arm in arms}
     tasks = {
-        v["task_id"]: TaskInfo(v["task_id"], v["task__slug"], tuple(v["task__tags"] or ())) for v in versions.values()
+        v["task_id"]: TaskInfo(v["task_id"], v["task__slug"], tuple(v["task__tags"] or ()))
+        for v in versions.values()
     }
     cells: dict[tuple[str, int, str], Cell] = {}
     digests = {}

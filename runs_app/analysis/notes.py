@@ -31,7 +31,8 @@ def untested_reason(data: ComparisonData, baseline: Arm, arm: Arm, units: list[U
             for unit in units
             if data.digests.get((arm.run_id, unit.task.task_id))
             and data.digests.get((baseline.run_id, unit.task.task_id))
-            and data.digests[(arm.run_id, unit.task.task_id)] != data.digests[(baseline.run_id, unit.task.task_id)]
+            and data.digests[(arm.run_id, unit.task.task_id)]
+            != data.digests[(baseline.run_id, unit.task.task_id)]
         }
     )
     if changed:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 PassCount = tuple[int, int]
 """(passes, n) for one task."""
 
+
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998).
 
@@ -50,10 +51,14 @@ def wilson_cc_interval(p: float, n: float, z: float) -> tuple[float, float]:
     denominator = 2 * (n + z * z)
     low = 0.0
     if p > 0:
-        low = (2 * n * p + z * z - 1 - z * math.sqrt(max(0.0, z * z - 2 - 1 / n + 4 * p * (n * q + 1)))) / denominator
+        low = (
+            2 * n * p + z * z - 1 - z * math.sqrt(max(0.0, z * z - 2 - 1 / n + 4 * p * (n * q + 1)))
+        ) / denominator
     high = 1.0
     if p < 1:
-        high = (2 * n * p + z * z + 1 + z * math.sqrt(max(0.0, z * z + 2 - 1 / n + 4 * p * (n * q - 1)))) / denominator
+        high = (
+            2 * n * p + z * z + 1 + z * math.sqrt(max(0.0, z * z + 2 - 1 / n + 4 * p * (n * q - 1)))
+        ) / denominator
     return (max(0.0, low), min(1.0, high))
 
 

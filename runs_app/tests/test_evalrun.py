@@ -34,7 +34,7 @@ variants:
   - variant_id: no-op
     agent: {type: none}
 gates:
-  - {type: min_pass_rate, variant: reference, value: 1.0}
+  - {type: min_pass_rate, variant: reference, value: 1.0, use: estimate}
   - {type: min_pass_rate, value: 0.5, name: every variant solves half}
 """
 

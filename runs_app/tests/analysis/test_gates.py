@@ -9,15 +9,27 @@ from pydantic import ValidationError
 from experiments_app.definitions import ImportFailed, import_experiment, import_tasks
 from experiments_app.specs import ExperimentSpec
 from runs_app import control
-from runs_app.analysis.gates import RunFacts, VariantFacts, all_passed, evaluate_gates, validate_gates
+from runs_app.analysis.gates import (
+    RunFacts,
+    VariantFacts,
+    VersusFacts,
+    all_passed,
+    evaluate_gates,
+    validate_gates,
+)
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 
 EXAMPLES = settings.BASE_DIR / "examples"
 
 
-def facts(*variants: VariantFacts, baseline: str = "base", suites: list[dict] | None = None) -> RunFacts:
-    return RunFacts(list(variants), baseline, suites or [])
+def facts(
+    *variants: VariantFacts,
+    baseline: str = "base",
+    suites: list[dict] | None = None,
+    overall: VariantFacts | None = None,
+) -> RunFacts:
+    return RunFacts(list(variants), baseline, suites or [], overall, "95% cluster-robust t")
 
 
 def judge(gate: dict, run: RunFacts) -> dict:
@@ -25,27 +37,38 @@ def judge(gate: dict, run: RunFacts) -> dict:
     return result
 
 
-BASE = VariantFacts("base", passed=8, failed=2)
-NEW = VariantFacts("new", passed=5, failed=4, error=1, delta=-0.3, p_adjusted=0.01)
+def versus(
+    delta: float, low: float, high: float, p: float | None = 0.01, clusters: int = 30, untested: str = ""
+):
+    return VersusFacts(clusters, 0.7, 0.7 + delta, delta, low, high, p, untested)
 
 
-def test_it_holds_min_pass_rate_only_when_every_variant_reaches_it():
+BASE = VariantFacts("base", passed=8, failed=2, rate=0.8, low=0.62, high=0.91)
+NEW = VariantFacts(
+    "new", passed=5, failed=4, error=1, rate=5 / 9, low=0.3, high=0.78, versus=versus(-0.3, -0.5, -0.1)
+)
+
+
+def test_min_pass_rate_needs_the_lower_bound_to_reach_the_value_by_default():
     result = judge({"type": "min_pass_rate", "value": 0.6}, facts(BASE, NEW))
 
     assert result["passed"] is False
-    assert "base: 8/10 = 80.0% >= 60.0%" in result["detail"]
-    assert "new: 5/9 = 55.6% < 60.0%" in result["detail"]
-    assert result["name"] == "min_pass_rate >= 60% (each variant)"
+    assert "base: 80.0% [62.0%, 91.0%]: its lower bound 62.0% reaches 60.0%" in result["detail"]
+    assert "new: 55.6% [30.0%, 78.0%]: its lower bound 30.0% is below 60.0%" in result["detail"]
+    assert result["name"] == "min_pass_rate >= 60% (each variant, lower bound)"
+    assert "(95% cluster-robust t)" in result["detail"]
+    # 80% estimated, but the interval reaches down to 62%: not shown to reach 70%.
+    assert judge({"type": "min_pass_rate", "value": 0.7, "variant": "base"}, facts(BASE))["passed"] is False
 
 
-def test_it_judges_min_pass_rate_for_one_variant_or_pooled():
-    run = facts(BASE, NEW)
+def test_min_pass_rate_may_judge_the_estimate_or_every_variant_together():
+    run = facts(BASE, NEW, overall=VariantFacts("overall", 13, 6, 1, rate=0.684, low=0.5, high=0.8))
 
-    assert judge({"type": "min_pass_rate", "value": 0.6, "variant": "base"}, run)["passed"] is True
-    overall = judge({"type": "min_pass_rate", "value": 0.68, "overall": True}, run)
-    assert overall["passed"] is True  # 13/19 = 68.4%
-    assert "overall: 13/19" in overall["detail"]
-    assert judge({"type": "min_pass_rate", "value": 0.69, "overall": True}, run)["passed"] is False
+    estimate = judge({"type": "min_pass_rate", "value": 0.7, "variant": "base", "use": "estimate"}, run)
+    assert estimate["passed"] is True and "the estimate is at least 70.0%" in estimate["detail"]
+    overall = judge({"type": "min_pass_rate", "value": 0.68, "overall": True, "use": "estimate"}, run)
+    assert overall["passed"] is True and "overall: 68.4%" in overall["detail"]
+    assert judge({"type": "min_pass_rate", "value": 0.68, "overall": True}, run)["passed"] is False
 
 
 def test_it_fails_a_pass_rate_gate_without_graded_trials_or_for_a_missing_variant():
@@ -56,31 +79,60 @@ def test_it_fails_a_pass_rate_gate_without_graded_trials_or_for_a_missing_varian
     assert missing == {**missing, "passed": False, "detail": "variant 'gone' is not part of this run"}
 
 
-def test_it_fails_no_regression_only_on_a_significant_drop():
+def test_no_regression_fails_on_a_significant_drop_only_when_there_is_evidence():
     gate = {"type": "no_regression", "alpha": 0.05}
 
-    assert judge(gate, facts(BASE, NEW))["passed"] is False
-    assert "significant regression" in judge(gate, facts(BASE, NEW))["detail"]
-    not_significant = VariantFacts("new", 5, 4, delta=-0.3, p_adjusted=0.2)
+    dropped = judge(gate, facts(BASE, NEW))
+    assert dropped["passed"] is False and "a significant regression" in dropped["detail"]
+    assert "(70.0% vs 40.0% over the same units)" not in dropped["detail"]  # arm rate, then baseline
+    assert "(40.0% vs 70.0% over the same units)" in dropped["detail"]
+    not_significant = VariantFacts("new", 5, 4, versus=versus(-0.3, -0.6, 0.05, p=0.2))
     assert judge(gate, facts(BASE, not_significant))["passed"] is True
-    better = VariantFacts("new", 10, 0, delta=0.2, p_adjusted=0.001)
+    better = VariantFacts("new", 10, 0, versus=versus(0.2, 0.1, 0.3, p=0.001))
     assert judge(gate, facts(BASE, better))["passed"] is True
     assert judge({**gate, "alpha": 0.001}, facts(BASE, NEW))["passed"] is True
 
 
-def test_it_explains_no_regression_when_there_is_nothing_to_compare():
+def test_no_regression_fails_without_enough_paired_evidence():
     gate = {"type": "no_regression"}
 
-    alone = judge(gate, facts(BASE))
-    assert alone["passed"] is True and "only the baseline ran" in alone["detail"]
+    # The measured case: -50 pp on 6 tasks, not significant, used to pass.
+    few = judge(
+        gate, facts(BASE, VariantFacts("new", 1, 5, versus=versus(-0.5, -0.9, 0.1, p=0.2, clusters=6)))
+    )
+    assert few["passed"] is False and "only 6 paired clusters, fewer than the 10" in few["detail"]
     unpaired = judge(gate, facts(BASE, VariantFacts("new", 1, 1)))
-    assert unpaired["passed"] is True and "not compared" in unpaired["detail"]
+    assert unpaired["passed"] is False and "no unit graded in both arms" in unpaired["detail"]
+    alone = judge(gate, facts(BASE))
+    assert alone["passed"] is False and "only the baseline ran" in alone["detail"]
+    untested = VariantFacts("new", 5, 5, versus=versus(-0.1, -0.3, 0.1, p=None, untested="tasks changed"))
+    assert judge(gate, facts(BASE, untested))["passed"] is False
     on_baseline = judge({**gate, "variant": "base"}, facts(BASE, NEW))
     assert on_baseline["passed"] is False and "is the baseline" in on_baseline["detail"]
+    assert judge(
+        {**gate, "min_clusters": 5},
+        facts(BASE, VariantFacts("new", 3, 3, versus=versus(0, -0.1, 0.1, p=1, clusters=6))),
+    )["passed"]
+
+
+def test_no_regression_with_a_margin_is_a_non_inferiority_check():
+    gate = {"type": "no_regression", "margin": 0.05}
+
+    close = VariantFacts("new", 7, 3, versus=versus(-0.01, -0.04, 0.02, p=0.6))
+    assert judge(gate, facts(BASE, close))["passed"] is True
+    # Not significant, yet the interval allows a drop of 12 pp: not shown non-inferior.
+    wide = VariantFacts("new", 7, 3, versus=versus(-0.01, -0.12, 0.1, p=0.8))
+    result = judge(gate, facts(BASE, wide))
+    assert result["passed"] is False and "beyond the -5.0 pp margin" in result["detail"]
+    assert result["name"].startswith("no_regression vs base (margin 5%")
 
 
 def test_it_caps_the_error_share_at_the_boundary():
-    run = facts(VariantFacts("base", passed=9, error=1), VariantFacts("new", passed=7, error=3))
+    run = facts(
+        VariantFacts("base", passed=9, error=1),
+        VariantFacts("new", passed=7, error=3),
+        overall=VariantFacts("overall", passed=16, error=4),
+    )
 
     assert judge({"type": "max_error_share", "value": 0.1, "variant": "base"}, run)["passed"] is True
     each = judge({"type": "max_error_share", "value": 0.1}, run)
@@ -148,8 +200,8 @@ variants:
   - variant_id: no-op
     agent: {type: none}
 gates:
-  - {type: min_pass_rate, variant: reference, value: 1.0}
-  - {type: no_regression}
+  - {type: min_pass_rate, variant: reference, value: 1.0, use: estimate}
+  - {type: no_regression, min_clusters: 2}
   - {type: min_pass_rate, value: 0.5}
 """
 
@@ -174,7 +226,14 @@ def test_it_reports_a_bad_gate_with_file_and_line(tmp_path):
 def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
     import_tasks([EXAMPLES / "tasks"])
     experiment = import_experiment(write_experiment(tmp_path, GATED_SMOKE)).experiment
-    assert experiment.gates[1] == {"type": "no_regression", "alpha": 0.05, "variant": None, "name": None}
+    assert experiment.gates[1] == {
+        "type": "no_regression",
+        "alpha": 0.05,
+        "variant": None,
+        "name": None,
+        "margin": None,
+        "min_clusters": 2,
+    }
 
     run = launch_run(experiment, options=LaunchOptions())
     assert run.gates == experiment.gates
@@ -186,6 +245,6 @@ def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED
     assert [gate["passed"] for gate in run.gate_results] == [True, True, False]
-    # 3 tasks, all lost by no-op: McNemar's p = 0.25 is not significant (with Holm over one test).
+    # 3 tasks, all lost by no-op: the sign-flip p = 2/8 is not significant (Holm over one test).
     assert "Holm p = 0.25" in run.gate_results[1]["detail"]
     assert run.gates_passed is False

@@ -33,7 +33,7 @@ variants:
   - variant_id: no-op
     agent: {type: none}
 gates:
-  - {type: min_pass_rate, variant: reference, value: 1.0}
+  - {type: min_pass_rate, variant: reference, value: 1.0, use: estimate}
   - {type: max_error_share, value: 0.0, name: "no errors at all"}
 """
 
@@ -69,7 +69,7 @@ def test_it_summarises_counts_comparison_and_gates(finished_run):
 
     reference, no_op = report["variants"]
     assert (reference["variant"], reference["passed"], reference["error"]) == ("reference", 2, 1)
-    assert (no_op["passed"], no_op["failed"], no_op["paired_tasks"]) == (0, 3, 2)
+    assert (no_op["passed"], no_op["failed"], no_op["paired_units"]) == (0, 3, 2)
     assert no_op["delta"] == -1.0 and no_op["p_adjusted"] == 0.5  # McNemar on 2 discordant pairs
     # Errors are never fails: reference is 2/2 on what it graded, but the error share gate fails.
     assert [gate["passed"] for gate in report["gates"]] == [True, False]
