@@ -27,8 +27,9 @@ from runs_app.models import CriterionResult, Run, Trial
 # --- loading ---------------------------------------------------------------------------------
 
 
-def load(runs: Sequence[Run]) -> ComparisonData:
-    """Read what a comparison of `runs` needs: four queries, whatever the number of trials.
+def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
+    """Read what a comparison of `runs` needs: four queries, whatever the number of trials
+    (three without the per-criterion breakdown).
 
     Durations are summed per unit in the same GROUP BY: an exact median over 100,000 trials
     needs a second pass over them (a window function, or reading every duration), which
@@ -70,7 +71,7 @@ def load(runs: Sequence[Run]) -> ComparisonData:
         cells=cells,
         digests=digests,
         default_baseline=_default_baseline(runs, arms, variants),
-        criteria=_criteria(run_ids, arm_of, versions),
+        criteria=_criteria(run_ids, arm_of, versions) if criteria else {},
     )
 
 

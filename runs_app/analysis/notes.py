@@ -80,12 +80,13 @@ def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> lis
             )
         versus = arm.versus
         if versus and versus.errors_differ:
+            low, high = versus.delta_if_errors_fail_low * 100, versus.delta_if_errors_fail_high * 100
             notes.append(
                 f"{arm.label} hits infrastructure errors on {versus.arm_error_share:.0%} of its trials "
                 f"against {versus.baseline_error_share:.0%} for the baseline (sign-flip p = "
                 f"{versus.error_p:.2g}): its pass rate leaves out different trials. With every error "
                 f"counted as a fail, Δ is {versus.delta_if_errors_fail * 100:+.1f} pp "
-                f"[{versus.delta_if_errors_fail_low * 100:+.1f}, {versus.delta_if_errors_fail_high * 100:+.1f}]."
+                f"[{low:+.1f}, {high:+.1f}]."
             )
         if versus and versus.untested and data.runs and all(run.is_final for run in data.runs):
             notes.append(f"{arm.label} against the baseline: {versus.untested}.")

@@ -56,7 +56,7 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The plan in words (evalrun --plan, the experiment page)."""
-        head = f"{self.units} units × {self.repeats} repeat{'s' if self.repeats != 1 else ''} per variant"
+        head = f"{_count(self.units, 'unit')} × {_count(self.repeats, 'repeat')} per variant"
         if self.detectable is None:
             return [f"{head}: too few units to detect any effect (at least 2 are needed)."]
         lines = [
@@ -68,10 +68,14 @@ class Plan:
             by_units = f"{units} units" if units else "more units than any run holds"
             by_repeats = f"{repeats} repeats" if repeats else "no number of repeats (add units)"
             lines.append(
-                f"To detect {effect * 100:.0f} pp: {by_units} at {self.repeats} repeats, or {by_repeats} "
-                f"with {self.units} units."
+                f"To detect {effect * 100:.0f} pp: {by_units} at {_count(self.repeats, 'repeat')}, or "
+                f"{by_repeats} with {self.units} units."
             )
         return lines
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def plan(units: int, repeats: int, model: VarianceModel = ASSUMED, *, alpha=ALPHA, power=POWER) -> Plan:

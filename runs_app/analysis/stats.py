@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from statistics import NormalDist
-from typing import NamedTuple
 
 PassCount = tuple[int, int]
 """(passes, n) for one task."""

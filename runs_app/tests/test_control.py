@@ -178,7 +178,7 @@ def test_a_finishing_run_is_summarised_with_its_row_lock_released(run, monkeypat
         return judge(*args)
 
     monkeypatch.setattr(control, "_judge_gates", spy)
-    Run.objects.filter(pk=run.pk).update(gates=[{"type": "min_pass_rate", "value": 0.5}])
+    Run.objects.filter(pk=run.pk).update(gates=[{"type": "min_pass_rate", "value": 0.5, "use": "estimate"}])
     Trial.objects.filter(run=run).update(status=Trial.Status.PASSED, score=1.0)
 
     assert control.after_trial(run.pk) is None

@@ -182,9 +182,11 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
         "tokens": f"{arm.tokens:,}",
         "cost": f"${arm.cost:,.2f}",
-        "cost_per_pass": _with_interval(arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"),
+        "cost_per_pass": _with_interval(
+            arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"
+        ),
         "flaky": _capped(arm.flaky),
-        "at_k": [_pct(arm.pass_at_k.get(k)) for k in range(1, max_k + 1)],
+        "at_k": [_at_k(arm, k) for k in range(1, max_k + 1)],
         "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
     }
     versus = arm.versus
@@ -199,6 +201,16 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
     row["improved"] = _capped(versus.improved if versus else [])
     row["regressed"] = _capped(versus.regressed if versus else [])
     return row
+
+
+def _at_k(arm: ArmSummary, k: int) -> str:
+    """pass@k with its interval, and over how many units when some have fewer than k trials."""
+    if k not in arm.pass_at_k:
+        return "–"
+    text = f"{_pct(arm.pass_at_k[k])} [{_pct(arm.pass_at_k_low[k])}, {_pct(arm.pass_at_k_high[k])}]"
+    if arm.pass_at_k_units[k] < arm.units:
+        text += f" ({arm.pass_at_k_units[k]} of {arm.units} units)"
+    return text
 
 
 def _capped(items: list) -> dict:

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from experiments_app.forms import LaunchForm
 from experiments_app.models import Experiment
-from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.launching import LaunchError, LaunchOptions, launch_run, run_plan
 from runs_app.models import with_last_run
 
 TASK_PREVIEW = 12
@@ -37,11 +37,13 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
     tasks = experiment.selected_tasks()
     task_count = tasks.count()
     variants = list(experiment.variants.order_by("position", "pk"))
+    plan = run_plan(experiment)
     ctx = {
         "experiment": experiment,
         "variants": variants,
-        # Dataset tasks fan out into one trial per row, so this is a lower bound.
-        "trials_per_run": task_count * sum(v.effective_repeats() for v in variants),
+        # Units are tasks × dataset rows, as a launch without options selects them.
+        "trials_per_run": plan.units * sum(v.effective_repeats() for v in variants),
+        "plan": plan,
         "task_sets": experiment.task_sets.all(),
         "task_count": task_count,
         "task_preview": tasks[:TASK_PREVIEW],

@@ -11,8 +11,8 @@ import yaml
 from django.db.models import Count, F, Q, Sum
 
 from experiments_app.models import Variant
-from runs_app.analysis.compare import ArmSummary
-from runs_app.analysis.load import compare_runs
+from runs_app.analysis.compare import ArmSummary, compare
+from runs_app.analysis.load import load
 from runs_app.models import Run, Trial, TrialEvent
 
 
@@ -73,7 +73,7 @@ def variant_rows(run: Run) -> list[VariantRow]:
     }
     baseline = (run.config or {}).get("baseline")
     variants = Variant.objects.filter(pk__in=stats).order_by("position", "pk")
-    arms = {arm.variant_slug: arm for arm in compare_runs([run]).arms} if stats else {}
+    arms = {arm.variant_slug: arm for arm in compare(load([run], criteria=False)).arms} if stats else {}
     return [
         VariantRow(
             variant=v,

@@ -22,7 +22,7 @@ from experiments_app.models import Experiment
 from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control
 from runs_app.analysis import reports
-from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.launching import LaunchError, LaunchOptions, launch_run, run_plan
 from runs_app.models import Run, Trial, TrialEvent
 
 POLL_SECONDS = 0.25
@@ -84,6 +84,9 @@ class Command(BaseCommand):
         parser.add_argument("--retry-errors", type=int, metavar="RUN_ID", help="rerun a run's errored trials")
         parser.add_argument("-s", "--stream", choices=["full", "minimal"], help="print trial events live")
         parser.add_argument("--no-wait", action="store_true", help="print the run's id and URL, then exit")
+        parser.add_argument(
+            "--plan", action="store_true", help="print the effect this run could detect, and start nothing"
+        )
         parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write a JUnit XML report here")
         parser.add_argument("--report", type=Path, metavar="DIR", help="write report.md and report.json here")
         parser.add_argument("--log-file", type=Path, help="also write logs to this file")
@@ -95,6 +98,9 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"--{name.replace('_', '-')} must be at least 1", returncode=EXIT_BAD_INPUT
                 )
+        if options["plan"]:
+            self._plan(options)
+            return
         try:
             run, first_event = self._start(options)
         except KeyboardInterrupt:
@@ -133,10 +139,20 @@ class Command(BaseCommand):
             raise CommandError("give either --resume or --retry-errors", returncode=EXIT_BAD_INPUT)
         if options["resume"] or options["retry_errors"]:
             return self._restart(options)
+        experiment, launch = self._prepare(options)
+        try:
+            return launch_run(experiment, options=launch), 0
+        except LaunchError as exc:
+            raise CommandError(
+                self._problems("cannot start the run", exc.problems), returncode=EXIT_BAD_INPUT
+            ) from None
+
+    def _prepare(self, options) -> tuple[Experiment, LaunchOptions]:
+        """Import the task files, find or make the experiment, and gather the launch options."""
         self._check_overrides(options)
         slugs = self._import_tasks(options["task_files"] or [settings.BASE_DIR / "examples" / "tasks"])
         experiment, adhoc = self._experiment(options)
-        launch = LaunchOptions(
+        return experiment, LaunchOptions(
             overrides=options["overrides"], repeats=options["repeats"], max_parallel=options["max_parallel"],
             tags=_csv(options["tags"]), exclude_tags=_csv(options["exclude_tags"]),
             include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample"],
@@ -145,12 +161,19 @@ class Command(BaseCommand):
             # An ad-hoc experiment already carries -T/-m in its one variant.
             agent_type=None if adhoc else options["agent_type"], model=None if adhoc else options["model"],
         )  # fmt: skip
+
+    def _plan(self, options) -> None:
+        """Print what the run would detect, and what an effect needs; start nothing."""
+        experiment, launch = self._prepare(options)
         try:
-            return launch_run(experiment, options=launch), 0
+            plan = run_plan(experiment, launch)
         except LaunchError as exc:
             raise CommandError(
-                self._problems("cannot start the run", exc.problems), returncode=EXIT_BAD_INPUT
+                self._problems("cannot plan the run", exc.problems), returncode=EXIT_BAD_INPUT
             ) from None
+        self.stdout.write(f"plan for {experiment.slug}:")
+        for line in plan.lines():
+            self.stdout.write(f"  {line}")
 
     def _problems(self, title: str, problems: list[str]) -> str:
         return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems)

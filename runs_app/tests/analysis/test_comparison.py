@@ -4,7 +4,6 @@ in test_inference."""
 
 import hashlib
 import math
-import random
 from itertools import count
 
 import plotly.graph_objects as go
@@ -13,7 +12,7 @@ from django.urls import reverse
 
 from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
 from runs_app.analysis import charts, compare, exports, inference, load, stats
-from runs_app.models import Run, Trial
+from runs_app.models import CriterionResult, Run, Trial
 
 pytestmark = pytest.mark.django_db
 
@@ -403,3 +402,82 @@ def test_it_escapes_labels_in_charts():
     figure = charts.pass_rate_figure(result)
     assert figure["data"][0]["x"] == ["base", "&lt;b&gt;x&lt;/b&gt;"]
     assert not math.isnan(figure["data"][0]["y"][0])
+
+
+# --- units, clusters, errors, breakdowns ---------------------------------------------------------
+
+
+def test_dataset_rows_are_units_and_clusters_may_group_them_by_task_or_tag():
+    rows = {("ds", v, i): f"r{i}" for v in ("base", "new") for i in range(4)}
+    outcomes = {"ds": {"base": "PPFF", "new": "PPPF"}, "solo": {"base": "P", "new": "F"}}
+    run = make_run(
+        make_experiment(), outcomes, dataset_row_id=rows, tags={"ds": ("data",), "solo": ("data",)}
+    )
+    data = load.load([run])
+    assert [unit.label for unit in data.units] == ["ds/r0", "ds/r1", "ds/r2", "ds/r3", "solo"]
+    by_unit = compare.compare(data)
+    by_task = compare.compare(data, cluster="task")
+    by_tag = compare.compare(data, cluster="tag")
+    assert [arm(r, "base").clusters for r in (by_unit, by_task, by_tag)] == [5, 2, 1]
+    assert arm(by_unit, "base").pass_rate == arm(by_task, "base").pass_rate == pytest.approx(3 / 5)
+    assert by_task.method.startswith("95% cluster-robust t interval (units clustered by task")
+    with pytest.raises(ValueError, match="unknown clustering"):
+        compare.compare(data, cluster="row")
+
+
+def test_agent_errors_are_fails_and_infrastructure_errors_are_apart():
+    run = make_run(
+        make_experiment(),
+        {"a": {"base": "PE"}, "b": {"base": "PE"}},
+        error_category={("a", "base", 1): "max_turns", ("b", "base", 1): "rate_limit"},
+    )
+    base = arm(load.compare_runs([run]), "base")
+    assert (base.errors, base.agent_errors, base.infra_errors) == (2, 1, 1)
+    assert base.pass_rate == pytest.approx((1 / 2 + 1) / 2)  # a: 1 of 2 graded; b: 1 of 1
+    assert base.rate_if_errors_fail == pytest.approx(1 / 2)
+
+
+def test_arms_without_a_shared_unit_have_no_versus_anywhere():
+    run = make_run(make_experiment(), {"a": {"base": "P"}, "b": {"new": "F"}})
+    result = load.compare_runs([run])
+    assert arm(result, "new").versus is None
+    row = result.summary_rows()[1]
+    assert row["delta"] is None and row["p_value"] is None and row["paired_units"] is None
+    assert result.to_dict()["arms"][1]["versus"] is None
+
+
+def test_a_running_run_shows_no_p_values():
+    outcomes = {f"t{i}": {"base": "F", "new": "PQ"} for i in range(12)}
+    result = load.compare_runs([make_run(make_experiment(), outcomes, status=Run.Status.RUNNING)])
+    versus = arm(result, "new").versus
+    assert versus.delta == 1.0 and versus.p_value is None and versus.p_holm is None
+    assert versus.untested.startswith("p-values are shown once the run has ended")
+
+
+def test_a_variant_whose_configuration_changed_between_runs_is_not_tested():
+    experiment = make_experiment()
+    outcomes = {f"t{i}": {"base": "P", "new": "F"} for i in range(12)}
+    old = make_run(experiment, outcomes, baseline="base")
+    new = make_run(experiment, outcomes, fingerprint="other")
+    result = compare.compare(load.load([old, new]), baseline=f"base@{old.pk}")
+    versus = arm(result, f"base@{new.pk}").versus
+    assert versus.p_value is None and versus.delta == 0.0
+    assert versus.untested.startswith(f"base ran with another configuration in run #{new.pk}")
+    assert arm(result, f"new@{old.pk}").versus.p_value is not None  # same run: tested
+
+
+def test_it_breaks_rates_down_by_tag_and_by_criterion():
+    run = make_run(
+        make_experiment(), {"a": {"base": "PF"}, "b": {"base": "FF"}}, tags={"a": ("x",), "b": ("y",)}
+    )
+    for trial in Trial.objects.filter(run=run):
+        for index, passed in enumerate((trial.status == Trial.Status.PASSED, True)):
+            CriterionResult.objects.create(
+                trial=trial, index=index, type="check", score=1.0 * passed, passed=passed
+            )
+    result = load.compare_runs([run])
+    assert [(row.name, row.cells[0].estimate) for row in result.by_tag] == [("x", 0.5), ("y", 0.0)]
+    assert [(row.name, row.cells[0].estimate) for row in result.by_criterion] == [
+        ("#1 check", pytest.approx(0.25)),
+        ("#2 check", 1.0),
+    ]

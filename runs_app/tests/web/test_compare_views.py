@@ -45,8 +45,10 @@ def test_it_shows_a_member_the_variants_statistics_and_charts(member_client, run
     comparison = response.context["comparison"]
     assert [arm.key for arm in comparison.arms] == ["base", "new"]
     assert comparison.baseline == "base"
-    # base: alpha P, beta F, gamma PP -> 3/4; new: 2/3 with one error apart.
-    assert "75.0%" in page and "66.7%" in page
+    # Unit-weighted: base alpha 1, beta 0, gamma 2/2 -> 66.7%; new 0, 1, 1/1 with one error apart
+    # -> 66.7%, and 50.0% with the error counted as a fail.
+    assert "66.7%" in page and "50.0%" in page
+    assert "cluster-robust t interval" in page
     assert "/static/plotly/plotly.min.js" in page and "/static/js/compare.js" in page
     for chart in ("chart-pass-rate", "chart-forest", "chart-cost"):
         assert f'id="{chart}"' in page and f'id="{chart}-data"' in page
@@ -56,8 +58,8 @@ def test_it_pins_the_comparison_page_query_count(member_client, django_assert_nu
     experiment = make_experiment(variants=("base", "a", "b", "c"))
     outcomes = {f"t{i}": {"base": "PF", "a": "PP", "b": "FE", "c": "PC"} for i in range(12)}
     many = make_run(experiment, outcomes)
-    # Session, user, run, grouped trials, task versions, variants: the same for any size.
-    with django_assert_num_queries(6):
+    # Session, user, run, grouped trials, criteria, task versions, variants: the same for any size.
+    with django_assert_num_queries(7):
         response = member_client.get(compare_url(many))
     assert response.status_code == 200
     assert len(response.context["comparison"].rows) == 12
@@ -109,13 +111,15 @@ def test_it_paginates_the_heat_map_and_serves_its_fragment(member_client, run, m
 def test_it_lists_changed_and_flaky_tasks_up_to_a_limit(member_client, monkeypatch):
     monkeypatch.setattr(compare_views, "TASK_LIST_LIMIT", 1)
     outcomes = {
-        "a": {"base": "FF", "new": "PP"},
-        "b": {"base": "FF", "new": "PF"},
-        "c": {"base": "PF", "new": "PF"},
+        "a": {"base": "FFFFF", "new": "PPPPP"},
+        "b": {"base": "FFFFF", "new": "PPPPF"},  # Fisher's p = 0.048: listed
+        "c": {"base": "PFPFP", "new": "PFPFP"},
+        "d": {"base": "FF", "new": "PP"},  # 2 trials a side can never reach α: not listed
     }
     page = member_client.get(compare_url(make_run(make_experiment(), outcomes))).content.decode()
     assert "new: ↑ 2 improved · ↓ 0 regressed" in page
-    # Largest change first: a (0/2 -> 2/2) shown, b left to "1 more".
+    assert "at most 0.2 expected by chance" in page
+    # Largest change first: a (0/5 -> 5/5) shown, b left to "1 more".
     assert "<li>a <span" in page and "<li>b <span" not in page and "and 1 more" in page
     assert "base: 1 flaky" in page and "new: 2 flaky" in page
 
@@ -129,7 +133,7 @@ def test_it_downloads_the_summary_as_csv_and_json(member_client, run):
         ("new", "2", "1"),
     ]
     data = member_client.get(compare_url(run, format="json", table="summary")).json()
-    assert data["baseline"] == "base" and data["arms"][1]["versus"]["tasks"] == 3
+    assert data["baseline"] == "base" and data["arms"][1]["versus"]["units"] == 3
 
 
 def test_it_streams_the_trials_as_csv_and_json(member_client, run):
@@ -157,8 +161,8 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     old = make_run(experiment, REPEATS, baseline="base")
     new = make_run(experiment, REPEATS, content={"a": "v2"})
     url = reverse("experiment_compare", args=[experiment.slug])
-    # Session, user, experiment, runs, grouped trials, task versions, variants.
-    with django_assert_num_queries(7):
+    # Session, user, experiment, runs, grouped trials, criteria, task versions, variants.
+    with django_assert_num_queries(8):
         response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
     assert response.status_code == 200
     comparison = response.context["comparison"]
