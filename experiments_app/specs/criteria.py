@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import jmespath
 from pydantic import Field, field_validator, model_validator
 
-from experiments_app.specs.base import SpecError, SpecModel, check_regex, has_row_var
+from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path, has_row_var
 
 
 class BaseCriterion(SpecModel):
@@ -32,6 +32,16 @@ class BaseCriterion(SpecModel):
     @property
     def is_gating(self) -> bool:
         return self.gating if self.gating is not None else self.weight > 0
+
+    @model_validator(mode="after")
+    def _path_in_workspace(self) -> BaseCriterion:
+        path = getattr(self, "path", None)
+        if isinstance(path, str):
+            try:
+                check_workspace_path(path)
+            except ValueError as exc:
+                raise SpecError((("path",), str(exc))) from None
+        return self
 
     @model_validator(mode="after")
     def _informational_has_no_suite_gate(self) -> BaseCriterion:

@@ -314,13 +314,19 @@ def _override_value(item: str, text: str) -> Any:
         raise OverrideError(f"override {item!r}: the value is not valid YAML ({problem})") from exc
     if isinstance(value, bool) and text.strip().lower() in _YAML_BOOL_WORDS:
         return text.strip()
+    if isinstance(value, dict | list) and not text.strip().startswith(("{", "[")):
+        # `echo a: b` is a shell command, not a mapping: only flow syntax ({...}, [...]) makes
+        # a structured value, so text with a colon or a leading dash stays text.
+        return text.strip()
     return value
 
 
 def parse_overrides(items: list[str], *, validate: bool = True) -> dict[str, Any]:
     """Turn `path=value` strings into a nested patch for the override layer.
 
-    The value is read as YAML (`5`, `0.5`, `true`, `[a, b]`, `{effort: high}`); the path is
+    The value is read as YAML (`5`, `0.5`, `true`, `[a, b]`, `{effort: high}`), except that
+    text which YAML would read as a block mapping or list (`echo a: b`, `- x`) stays text, and a
+    value the field refuses is retried as the plain text it was typed as; the path is
     split on dots. A path given twice, or two overlapping paths (`agent=...` and
     `agent.model=...`), is an error; so is a malformed item. With `validate`, each path and
     value is checked against the layer schema (see `check_override`).
@@ -343,7 +349,7 @@ def parse_overrides(items: list[str], *, validate: bool = True) -> dict[str, Any
         seen.append(path)
         value = _override_value(item, text)
         if validate:
-            check_override(path, value)
+            value = _typed(path, value, text)
         _set(patch, path, value)
     return patch
 
@@ -371,6 +377,24 @@ def _nested(annotation: Any) -> tuple[list[type[BaseModel]], bool]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation], False
     return [], False
+
+
+def _typed(path: str, value: Any, text: str) -> Any:
+    """The value as the field takes it: YAML's reading when the field accepts it, else the text
+    as typed (a `str` field given `1.10` keeps "1.10"); the field's own error when neither fits."""
+    try:
+        check_override(path, value)
+        return value
+    except OverrideError:
+        if isinstance(value, str) or text.strip() == "":
+            raise
+        try:
+            check_override(path, text.strip())
+        except OverrideError:
+            pass
+        else:
+            return text.strip()
+        raise
 
 
 def check_override(path: str, value: Any) -> None:

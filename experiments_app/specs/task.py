@@ -209,14 +209,15 @@ class SandboxSpec(SpecModel):
 class RunLimits(SpecModel):
     """Caps that end a trial (coder-eval's `run_limits`). Every field optional."""
 
-    max_turns: int | None = Field(default=None, gt=0)
-    expected_turns: int | None = Field(default=None, ge=1)
-    task_timeout: int | None = Field(default=None, ge=30)
-    turn_timeout: int | None = Field(default=None, ge=10)
-    max_input_tokens: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    max_total_tokens: int | None = Field(default=None, ge=1)
-    max_usd: float | None = Field(default=None, gt=0.0)
+    # evalsite: upper bounds, so a typo (1e29) is refused at import rather than crashing a worker.
+    max_turns: int | None = Field(default=None, gt=0, le=10_000)
+    expected_turns: int | None = Field(default=None, ge=1, le=10_000)
+    task_timeout: int | None = Field(default=None, ge=30, le=7 * 24 * 3600)
+    turn_timeout: int | None = Field(default=None, ge=10, le=24 * 3600)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_total_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_usd: float | None = Field(default=None, gt=0.0, le=1_000_000.0, allow_inf_nan=False)
     count_cached_input: bool = False
     count_cache_creation: bool = False
     stop_early: bool | None = None

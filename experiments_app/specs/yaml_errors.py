@@ -23,6 +23,11 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faste
 
 Loc = tuple[str | int, ...]
 
+# Hostile-input bounds: a task file is a few hundred nodes, a few levels deep. Aliases are
+# counted expanded, so an alias bomb ("billion laughs", 423 bytes) is refused before it is built.
+MAX_NODES = 100_000
+MAX_DEPTH = 40
+
 
 @dataclass(frozen=True)
 class SpecIssue:
@@ -89,6 +94,9 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
+        too_big = _too_big(node)
+        if too_big:
+            return None, SpecIssue(shown, too_big[0], "", too_big[1])
         duplicate = _duplicate_key(node)
         if duplicate:
             return None, SpecIssue(shown, duplicate[0], "", f"duplicate key {duplicate[1]!r} in a mapping")
@@ -97,6 +105,8 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
         return None, _syntax_issue(shown, exc)
     except yaml.YAMLError as exc:
         return None, SpecIssue(shown, None, "", f"invalid YAML: {exc}")
+    except RecursionError:
+        return None, SpecIssue(shown, None, "", f"the YAML is nested more than {MAX_DEPTH} levels deep")
     finally:
         loader.dispose()
     return Doc(shown, abs_path, root, raw, text, node, data), None
@@ -111,11 +121,52 @@ def _syntax_issue(shown: str, exc: yaml.MarkedYAMLError) -> SpecIssue:
     return SpecIssue(shown, mark.line + 1 if mark else None, "", f"invalid YAML: {detail}")
 
 
+def _too_big(node: yaml.Node | None) -> tuple[int, str] | None:
+    """(line, problem) when the document, its aliases expanded, exceeds MAX_NODES or MAX_DEPTH.
+
+    Sizes and depths are memoised per node, so an alias to a large subtree costs one lookup:
+    the walk is linear in the file, however large its expansion would be."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    order, stack, seen = [], [node] if node is not None else [], set()
+    while stack:  # post-order without recursion: children before parents
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        order.append(current)
+        stack.extend(_children(current))
+    for current in reversed(order):
+        kids = _children(current)
+        size[id(current)] = 1 + sum(size.get(id(kid), 1) for kid in kids)
+        depth[id(current)] = 1 + max((depth.get(id(kid), 1) for kid in kids), default=0)
+        if size[id(current)] > MAX_NODES:
+            return current.start_mark.line + 1, (
+                f"the YAML expands to more than {MAX_NODES} values (aliases counted as copies): "
+                "refused as an alias bomb"
+            )
+        if depth[id(current)] > MAX_DEPTH:
+            return current.start_mark.line + 1, f"the YAML is nested more than {MAX_DEPTH} levels deep"
+    return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def _duplicate_key(node: yaml.Node | None) -> tuple[int, str] | None:
     """PyYAML silently keeps the last of two equal keys; a typo-duplicate would hide a field."""
     stack = [node] if node is not None else []
+    visited: set[int] = set()
     while stack:
         current = stack.pop()
+        if id(current) in visited:
+            continue  # an alias: its node was checked where it was anchored
+        visited.add(id(current))
         if isinstance(current, yaml.MappingNode):
             seen = set()
             for key, value in current.value:

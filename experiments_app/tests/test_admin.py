@@ -151,3 +151,39 @@ def test_it_does_not_let_members_reach_the_upload_form(member_client):
 
     assert response.status_code == 302
     assert "/admin/login/" in response["Location"]
+
+
+def _forged(files: dict[str, bytes], declared: int) -> bytes:
+    """A zip whose headers declare each member `declared` bytes long, whatever it holds."""
+    data = bytearray(_zip(files))
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        start = 0
+        while (at := data.find(signature, start)) != -1:
+            data[at + offset : at + offset + 4] = declared.to_bytes(4, "little")
+            start = at + 4
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("forged.zip", _forged({"t/task.yaml": GOOD_TASK}, 10), b"not a valid zip archive"),
+        ("garbage.zip", b"PK\x03\x04 this is not a zip", b"not a valid zip archive"),
+        ("bomb.zip", None, b"unpacks to more than"),
+    ],
+)
+def test_it_refuses_forged_damaged_and_bomb_zips_cleanly(admin_client, settings, name, content, fragment):
+    if content is None:
+        settings.TASK_BUNDLE_MAX_BYTES = 100_000  # the upload may unpack to 10x this
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("t/task.yaml", GOOD_TASK)
+            archive.writestr("t/zeros.bin", b"\0" * 5_000_000)  # 5 MB inflating from ~5 KB
+        content = buffer.getvalue()
+        assert len(content) < 20_000
+
+    response = admin_client.post(UPLOAD, {"file": SimpleUploadedFile(name, content)})
+
+    assert response.status_code == 200
+    assert fragment in response.content
+    assert Task.objects.count() == 0

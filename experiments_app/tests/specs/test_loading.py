@@ -1,5 +1,6 @@
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,38 @@ BROKEN_TASKS = [
         "duplicate row id 'a' (first at",
     ),
     ("duplicate_ids", "duplicate_ids/second.yaml", 3, "task_id", "also defined in"),
+    # Hostile input: refused at import, fast, at its line.
+    ("alias_bomb.yaml", "alias_bomb.yaml", 6, "", "refused as an alias bomb"),
+    ("deep_nesting.yaml", "deep_nesting.yaml", 3, "", "nested more than 40 levels deep"),
+    (
+        "huge_task_timeout.yaml",
+        "huge_task_timeout.yaml",
+        4,
+        "run_limits.task_timeout",
+        "less than or equal to 604800",
+    ),
+    ("huge_max_usd.yaml", "huge_max_usd.yaml", 4, "run_limits.max_usd", "finite number"),
+    (
+        "criterion_outside_workspace.yaml",
+        "criterion_outside_workspace.yaml",
+        5,
+        "success_criteria[0].path",
+        "relative to the workspace",
+    ),
+    (
+        "criterion_climbs_out.yaml",
+        "criterion_climbs_out.yaml",
+        5,
+        "success_criteria[0].path",
+        "inside the workspace",
+    ),
+    (
+        "backtracking_regex.yaml",
+        "backtracking_regex.yaml",
+        6,
+        "success_criteria[0].pattern",
+        "exponential time",
+    ),
 ]
 
 BROKEN_EXPERIMENTS = [
@@ -249,6 +282,13 @@ BROKEN_EXPERIMENTS = [
 
 def test_it_has_a_corpus_of_at_least_25_broken_files():
     assert len(BROKEN_TASKS) + len(BROKEN_EXPERIMENTS) >= 25
+
+
+def test_every_broken_file_is_refused_within_a_second():
+    for case, *_ in BROKEN_TASKS:
+        started = time.perf_counter()
+        assert not load_tasks([BROKEN / case], root=BROKEN).ok
+        assert time.perf_counter() - started < 1.0, case
 
 
 @pytest.mark.parametrize(("case", "file", "line", "field", "fragment"), BROKEN_TASKS)

@@ -647,6 +647,24 @@ def test_it_parses_override_values_as_yaml(item, value):
     assert patch[last] == value
 
 
+@pytest.mark.parametrize(
+    ("item", "path", "value"),
+    [
+        # A shell command with ": " stays a command, not a one-key mapping.
+        ("agent.command=echo status: ok", ("agent", "command"), "echo status: ok"),
+        ("initial_prompt=- fix the bug", ("initial_prompt",), "- fix the bug"),
+        # A str field given something YAML reads as a number keeps the text as typed.
+        ("agent.model=1.10", ("agent", "model"), "1.10"),
+        ("run_limits.max_turns=5", ("run_limits", "max_turns"), 5),
+    ],
+)
+def test_it_takes_an_override_value_as_the_fields_type(item, path, value):
+    patch = parse_overrides([item])
+    for key in path:
+        patch = patch[key]
+    assert patch == value
+
+
 def test_it_rejects_a_path_set_twice():
     with pytest.raises(OverrideError, match="'run_limits.max_turns' is set twice"):
         parse_overrides(["run_limits.max_turns=5", "run_limits.max_turns=6"], validate=False)
