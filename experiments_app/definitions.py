@@ -97,10 +97,13 @@ class TaskImportReport:
 
 
 def import_tasks(
-    paths: list[Path], *, root: Path | None = None, task_set: str | None = None
+    paths: list[Path], *, root: Path | None = None, task_set: str | None = None, lenient: bool = False
 ) -> TaskImportReport:
-    """Load every task under `paths` and store them, or raise ImportFailed and store nothing."""
-    result = load_tasks([Path(p) for p in paths], root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES)
+    """Load every task under `paths` and store them, or raise ImportFailed and store nothing.
+    Unknown keys are errors unless `lenient` (then warnings in the report)."""
+    result = load_tasks(
+        [Path(p) for p in paths], root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES, lenient=lenient
+    )
     if result.errors:
         raise ImportFailed(result.errors)
     report = TaskImportReport(
@@ -220,9 +223,13 @@ class ExperimentImportReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def import_experiment(path: Path, *, root: Path | None = None) -> ExperimentImportReport:
+def import_experiment(
+    path: Path, *, root: Path | None = None, lenient: bool = False
+) -> ExperimentImportReport:
     """Store one experiment YAML and its variants (replacing the variants it no longer lists)."""
-    result = load_experiment(Path(path), root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES)
+    result = load_experiment(
+        Path(path), root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES, lenient=lenient
+    )
     if result.errors or result.experiment is None:
         raise ImportFailed(result.errors)
     loaded = result.experiment

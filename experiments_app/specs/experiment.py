@@ -27,6 +27,7 @@ from experiments_app.specs.task import (
     _slug,
     check_template_sources,
 )
+from experiments_app.specs.unbuilt import refuse_unbuilt
 
 # --- layers and experiments ----------------------------------------------------------------
 
@@ -53,6 +54,11 @@ class TaskOverlay(SpecModel):
     driver: Literal["tempdir", "docker"] | None = None
     prompt_mutations: list[PromptMutation] | None = None
     repeats: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unbuilt(cls, data: Any) -> Any:
+        return refuse_unbuilt(data)
 
     @model_validator(mode="after")
     def _sources(self) -> TaskOverlay:

@@ -415,9 +415,16 @@ def _row_issues(rows: list[tuple[dict, _RowAt]], id_field: str, used: set[str]) 
 
 
 def load_tasks(
-    paths: list[Path], root: Path | None = None, max_bundle_bytes: int = DEFAULT_MAX_BYTES
+    paths: list[Path],
+    root: Path | None = None,
+    max_bundle_bytes: int = DEFAULT_MAX_BYTES,
+    *,
+    lenient: bool = False,
 ) -> TaskLoadResult:
     """Load every task YAML in `paths` (files, or folders searched recursively).
+
+    An unknown key is an error (with "did you mean"), as in coder-eval; `lenient` makes it a
+    warning instead. A coder-eval feature evalsite does not run is an error either way.
 
     Experiment files (a mapping with `experiment_id`) are skipped, and so are YAML files
     inside folders some YAML uses as a template or reference folder (they are bundle content).
@@ -455,7 +462,7 @@ def load_tasks(
         if isinstance(doc.data, dict) and "experiment_id" in doc.data:
             result.skipped.append(Path(doc.shown))
             continue
-        task, errors, warnings = _load_task(doc, reader, max_bundle_bytes)
+        task, errors, warnings = _load_task(doc, reader, max_bundle_bytes, lenient)
         result.errors += errors
         result.warnings += warnings
         if task:
@@ -498,14 +505,18 @@ def _not_a_mapping(doc: Doc, what: str) -> SpecIssue:
     return doc.issue((), f"expected {what}, got a {type(doc.data).__name__}")
 
 
-def _load_task(doc: Doc, reader: _Files, max_bytes: int) -> tuple[LoadedTask | None, list[SpecIssue], list]:
+def _load_task(
+    doc: Doc, reader: _Files, max_bytes: int, lenient: bool = False
+) -> tuple[LoadedTask | None, list[SpecIssue], list]:
     if not isinstance(doc.data, dict):
         return None, [_not_a_mapping(doc, "a mapping of task fields (task_id, initial_prompt, ...)")], []
     try:
         spec = TaskSpec.model_validate(doc.data)
     except ValidationError as exc:
         return None, validation_issues(doc, exc), []
-    warnings = unknown_key_warnings(doc, spec)
+    warnings = unknown_key_warnings(doc, spec, lenient)
+    if not lenient and warnings:
+        return None, warnings, []
     refs = layer_refs(spec)
     if spec.dataset is not None:
         refs += [_Ref(("dataset", "paths", k), p, "file") for k, p in enumerate(spec.dataset.paths or [])]
@@ -556,7 +567,11 @@ def _duplicate_ids(loaded: list[tuple[LoadedTask, Doc]]) -> list[SpecIssue]:
 
 
 def load_experiment(
-    path: Path, root: Path | None = None, max_bundle_bytes: int = DEFAULT_MAX_BYTES
+    path: Path,
+    root: Path | None = None,
+    max_bundle_bytes: int = DEFAULT_MAX_BYTES,
+    *,
+    lenient: bool = False,
 ) -> ExperimentLoadResult:
     """Load one experiment YAML; its variants' overlay folders and prompt files go in its bundle."""
     path = Path(path)
@@ -584,7 +599,11 @@ def load_experiment(
     except ValidationError as exc:
         result.errors += validation_issues(doc, exc)
         return result
-    result.warnings = unknown_key_warnings(doc, spec)
+    unknown = unknown_key_warnings(doc, spec, lenient)
+    if not lenient and unknown:
+        result.errors += unknown
+        return result
+    result.warnings = unknown
     refs = layer_refs(spec.defaults, ("defaults",))
     for j, variant in enumerate(spec.variants):
         refs += layer_refs(variant, ("variants", j))

@@ -24,6 +24,7 @@ from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.base import SpecError, SpecModel, check_regex
 from experiments_app.specs.criteria import Criterion
+from experiments_app.specs.unbuilt import refuse_unbuilt
 
 AGENTLESS_KINDS = agent_kinds.AGENTLESS_KINDS
 
@@ -355,6 +356,11 @@ class TaskSpec(SpecModel):
     dataset: DatasetSpec | None = None
     simulation: dict[str, Any] | None = None
     expected_commands: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unbuilt(cls, data: Any) -> Any:
+        return refuse_unbuilt(data)
 
     @field_validator("task_id")
     @classmethod

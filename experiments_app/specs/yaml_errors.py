@@ -299,10 +299,19 @@ def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[s
                     yield from _unknown_keys(item, (*loc, name, i))
 
 
-def unknown_key_warnings(doc: Doc, model: BaseModel, prefix: Loc = ()) -> list[SpecIssue]:
+def unknown_key_warnings(
+    doc: Doc, model: BaseModel, lenient: bool = False, prefix: Loc = ()
+) -> list[SpecIssue]:
+    """Every unknown key: an error naming the likely intended key, or with `lenient` a warning."""
     issues = []
     for loc, known in _unknown_keys(model, prefix):
         close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
+        if lenient:
+            issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
+        else:
+            known_here = ", ".join(sorted(known))
+            issues.append(
+                doc.issue(loc, f"unknown key{hint} (known here: {known_here}; --lenient warns instead)")
+            )
     return issues

@@ -200,7 +200,8 @@ def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_clien
     smoke_experiment()
     member.groups.add(Group.objects.create(name="agent-authors"))  # the variant defines a command
     extra = {"prompt_suffix": "Run the tests.", "options": "command: [python3, -c, 'print(1)']\n",
-             "run_limits": "max_turns: 5\n", "repeats": "3", "other": "expected_commands: 2\n"}  # fmt: skip
+             "run_limits": "max_turns: 5\n", "repeats": "3",
+             "other": "post_run:\n  - command: 'true'\n"}  # fmt: skip
     gates = "- {type: min_pass_rate, value: 0.5, variant: reference}\n"
     member_client.post(
         reverse("experiment_create"), _form_data(*_two_variants(**extra), task_sets=["examples"], gates=gates)

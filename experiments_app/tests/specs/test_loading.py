@@ -391,11 +391,18 @@ def test_it_says_when_an_experiment_path_holds_a_task():
     assert "this is a task file" in error.message
 
 
-def test_it_keeps_unknown_keys_and_warns_with_their_line(tmp_path):
+def test_it_refuses_unknown_keys_or_with_lenient_keeps_them_and_warns(tmp_path):
     path = write_task(tmp_path, "warned")
     path.write_text(path.read_text() + "    patern_hint: x\n" + "max_iterations: 3\n")
 
-    result = load_tasks([tmp_path])
+    strict = load_tasks([tmp_path])
+    assert not strict.ok and [(e.line, e.field) for e in strict.errors] == [
+        (12, "max_iterations"),
+        (11, "success_criteria[0].patern_hint"),
+    ]
+    assert "--lenient warns instead" in strict.errors[0].message
+
+    result = load_tasks([tmp_path], lenient=True)
 
     assert result.ok
     task = result.tasks[0]
@@ -415,7 +422,7 @@ def test_it_suggests_the_field_an_unknown_key_resembles(tmp_path):
 
     result = load_tasks([tmp_path])
 
-    assert "did you mean 'initial_prompt'?" in result.warnings[0].message
+    assert "did you mean 'initial_prompt'?" in result.errors[0].message
 
 
 def test_it_does_not_warn_about_agent_options():

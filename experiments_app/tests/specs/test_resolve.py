@@ -696,7 +696,6 @@ def test_it_accepts_valid_overrides_of_layer_fields():
             "run_limits.max_turns=5",
             "agent.model=claude-opus-4-6",
             "agent.sdk_options={effort: high}",  # agent options are open
-            "sandbox.docker.image=img:1",  # a free-form mapping
             "repeats=2",
             "template_sources=[{type: template_dir, path: ../overlay}]",
         ]

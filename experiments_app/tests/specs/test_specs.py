@@ -92,16 +92,43 @@ def test_it_rejects_a_prompt_on_an_agentless_task():
     ]
 
 
-def test_it_turns_a_simulated_dialog_into_a_prompt_source():
-    spec = TaskSpec.model_validate(
-        {
-            "task_id": "t",
-            "simulation": {"enabled": True, "persona": "p", "goal": "g"},
-            "success_criteria": [CRITERION],
-        }
-    )
+def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
+    with pytest.raises(
+        ValidationError, match="coder-eval's simulation .a simulated user answering the agent. is not built"
+    ):
+        TaskSpec.model_validate(
+            {
+                "task_id": "t",
+                "simulation": {"enabled": True, "persona": "p", "goal": "g"},
+                "success_criteria": [CRITERION],
+            }
+        )
+    off = {
+        "task_id": "t",
+        "initial_prompt": "x",
+        "simulation": {"enabled": False},
+        "success_criteria": [CRITERION],
+    }
+    assert TaskSpec.model_validate(off).simulation == {"enabled": False}
 
-    assert spec.initial_prompt is None
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sandbox", {"node": {"env_packages": ["left-pad"]}}),
+        ("sandbox", {"mock_path_dirs": ["mocks"]}),
+        ("sandbox", {"python": {"env_packages": ["requests"]}}),
+        ("sandbox", {"driver": "docker"}),
+        ("sandbox", {"docker": {"image": "python:3.12"}}),
+        ("run_limits", {"stop_early": True}),
+        ("run_limits", {"max_tool_calls": 5}),
+        ("expected_commands", 3),
+    ],
+)
+def test_it_refuses_each_coder_eval_feature_it_does_not_run(field, value):
+    data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], field: value}
+    with pytest.raises(ValidationError, match="is not built in evalsite|runs no container runtime"):
+        TaskSpec.model_validate(data)
 
 
 def test_it_reports_several_cross_field_problems_at_once():

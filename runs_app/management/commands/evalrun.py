@@ -68,6 +68,11 @@ class Command(BaseCommand):
         parser.add_argument("-t", "--tags", action="append", help="only tasks with any of these tags (a,b)")
         parser.add_argument("--exclude-tags", action="append", help="leave out tasks with these tags (a,b)")
         parser.add_argument("--include-skipped", action="store_true", help="also run tasks marked skip")
+        parser.add_argument(
+            "--lenient",
+            action="store_true",
+            help="unknown keys in task and experiment files warn instead of failing",
+        )
         parser.add_argument("-T", "--type", dest="agent_type", help="agent type for every variant")
         parser.add_argument("-m", "--model", help="agent model for every variant")
         parser.add_argument(
@@ -150,7 +155,9 @@ class Command(BaseCommand):
     def _prepare(self, options) -> tuple[Experiment, LaunchOptions]:
         """Import the task files, find or make the experiment, and gather the launch options."""
         self._check_overrides(options)
-        slugs = self._import_tasks(options["task_files"] or [settings.BASE_DIR / "examples" / "tasks"])
+        slugs = self._import_tasks(
+            options["task_files"] or [settings.BASE_DIR / "examples" / "tasks"], options["lenient"]
+        )
         experiment, adhoc = self._experiment(options)
         return experiment, LaunchOptions(
             overrides=options["overrides"], repeats=options["repeats"], max_parallel=options["max_parallel"],
@@ -188,12 +195,12 @@ class Command(BaseCommand):
         except OverrideError as exc:
             raise CommandError(str(exc), returncode=EXIT_BAD_INPUT) from None
 
-    def _import_tasks(self, paths: list[Path]) -> list[str]:
+    def _import_tasks(self, paths: list[Path], lenient: bool) -> list[str]:
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             raise CommandError(self._problems("task files not found", missing), returncode=EXIT_BAD_INPUT)
         try:
-            report = import_tasks(paths)
+            report = import_tasks(paths, lenient=lenient)
         except ImportFailed as exc:
             # Every problem of every file, never a silent skip of the broken ones.
             raise CommandError(
@@ -214,7 +221,9 @@ class Command(BaseCommand):
         path = Path(given)
         if path.suffix in (".yaml", ".yml") or path.exists():
             try:
-                return import_experiment(path, root=options["root"]).experiment, False
+                return import_experiment(
+                    path, root=options["root"], lenient=options["lenient"]
+                ).experiment, False
             except (ImportFailed, FileNotFoundError) as exc:
                 issues = exc.issues if isinstance(exc, ImportFailed) else [str(exc)]
                 raise CommandError(

@@ -1,0 +1,98 @@
+"""coder-eval features evalsite does not run yet: refused by name, never accepted and ignored (no Django).
+
+`unbuilt_features(data)` reads a raw task, experiment defaults or variant layer (a dict, as written)
+and names every such key with the path that holds it; the loader turns each into an error at its
+line, and `-D` overrides are checked the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from experiments_app.specs.base import SpecError
+
+Loc = tuple[str | int, ...]
+
+# (path, what it is in coder-eval, what to do instead)
+_UNBUILT: list[tuple[Loc, str, str]] = [
+    (("simulation",), "a simulated user answering the agent", "remove it; multi-turn tasks are not run yet"),
+    (("sandbox", "node"), "a Node.js environment per sandbox", "install what the task needs in pre_run"),
+    (
+        ("sandbox", "mock_path_dirs"),
+        "folders put first on PATH",
+        "copy the mocks in a template source and call them by path",
+    ),
+    (
+        ("sandbox", "python", "env_packages"),
+        "a virtualenv with these packages per sandbox",
+        "install them in pre_run (pip install --target .deps ...)",
+    ),
+    (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
+    (("run_limits", "stop_early"), "stopping the agent once gating criteria pass", "remove it"),
+    (("run_limits", "stop_early_gate_threshold"), "the threshold of stop_early", "remove it"),
+    (
+        ("run_limits", "max_tool_calls"),
+        "a cap on the agent's tool calls",
+        "cap turns with run_limits.max_turns",
+    ),
+    (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
+]
+
+
+def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
+    """(path, message) for each key of `data` that names a coder-eval feature evalsite lacks."""
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for path, what, instead in _UNBUILT:
+        value = _get(data, path)
+        if _set(path, value):
+            found.append(
+                (
+                    path,
+                    f"coder-eval's {'.'.join(map(str, path))} ({what}) is not built in evalsite: {instead}",
+                )
+            )
+    sandbox = data.get("sandbox")
+    if isinstance(sandbox, dict) and sandbox.get("driver") == "docker":
+        found.append(
+            (
+                ("sandbox", "driver"),
+                "driver: docker asks for a container, and evalsite runs no container runtime: "
+                "use driver: tempdir (the namespace sandbox)",
+            )
+        )
+    for i, criterion in enumerate(data.get("success_criteria") or []):
+        if isinstance(criterion, dict) and "stop_early" in criterion:
+            found.append(
+                (
+                    ("success_criteria", i, "stop_early"),
+                    "criterion-level stop_early (stopping the agent once it "
+                    "passes) is not built in evalsite: remove it",
+                )
+            )
+    return found
+
+
+def refuse_unbuilt(data: Any) -> Any:
+    """A `mode="before"` validator body: `data` unchanged, or a SpecError naming every such key."""
+    found = unbuilt_features(data)
+    if found:
+        raise SpecError(*found)
+    return data
+
+
+def _get(data: dict, path: Loc) -> Any:
+    value: Any = data
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _set(path: Loc, value: Any) -> bool:
+    """Whether a value asks for the feature: present, and not an explicit off or empty."""
+    if value is None or value is False or value in ([], {}, ""):
+        return False
+    return not (path == ("simulation",) and isinstance(value, dict) and value.get("enabled") is False)
