@@ -1,6 +1,9 @@
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.urls import reverse
+
+from experiments_app.specs.task import TASK_ID_RE
 
 
 class Bundle(models.Model):
@@ -62,7 +65,12 @@ class Task(models.Model):
         "version", "warnings",
     )  # fmt: skip
 
-    slug = models.SlugField(max_length=200, unique=True, help_text="coder-eval task_id")
+    slug = models.CharField(
+        max_length=200,
+        unique=True,
+        validators=[RegexValidator(TASK_ID_RE, "letters, digits, '-', '_' and single dots inside")],
+        help_text="coder-eval task_id",
+    )
     description = models.TextField(blank=True)
     prompt = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True)

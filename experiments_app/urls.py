@@ -16,5 +16,5 @@ urlpatterns = [
     path("task-sets/<slug:name>/", views.taskset_detail, name="taskset_detail"),
     path("task-sets/<slug:name>/edit/", views.taskset_edit, name="taskset_edit"),
     path("tasks/", views.task_list, name="task_list"),
-    path("tasks/<slug:slug>/", views.task_detail, name="task_detail"),
+    path("tasks/<str:slug>/", views.task_detail, name="task_detail"),  # task ids may hold dots
 ]

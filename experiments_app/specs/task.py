@@ -29,6 +29,9 @@ from experiments_app.specs.unbuilt import refuse_unbuilt
 AGENTLESS_KINDS = agent_kinds.AGENTLESS_KINDS
 
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# coder-eval's task ids may hold dots (`my.task`); never two in a row, never first or last, so an
+# id is always a plain folder name.
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]|\.(?!\.))*(?<!\.)$")
 KEBAB_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 # coder-eval's tag rule: kebab-case, optionally namespaced as "key:value".
 TAG_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*(:[a-z0-9]+(-[a-z0-9]+)*)?$")
@@ -365,7 +368,11 @@ class TaskSpec(SpecModel):
     @field_validator("task_id")
     @classmethod
     def _task_id(cls, v: str) -> str:
-        return _slug(v, "task_id")
+        if not TASK_ID_RE.match(v) or len(v) > 200:
+            raise ValueError(
+                f"task_id {v!r} must be a slug: letters, digits, '-', '_', single inner dots (at most 200)"
+            )
+        return v
 
     @field_validator("tags")
     @classmethod

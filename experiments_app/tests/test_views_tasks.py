@@ -80,3 +80,18 @@ def test_it_shows_a_task_with_its_prompt_criteria_and_yaml(member_client):
     assert "Our nightly report shows wrong averages" in body
     assert len(response.context["criteria"]) == len(task.spec["success_criteria"])
     assert "task_id: fix-mean" in body
+
+
+def test_it_imports_and_shows_a_task_whose_id_holds_dots(member_client, tmp_path):
+    from experiments_app.definitions import import_tasks
+
+    (tmp_path / "task.yaml").write_text(
+        "task_id: my.task\ninitial_prompt: Create out.txt\n"
+        "success_criteria:\n  - type: file_exists\n    path: out.txt\n"
+    )
+    import_tasks([tmp_path])
+
+    response = member_client.get(reverse("task_detail", args=["my.task"]))
+
+    assert response.status_code == 200 and b"my.task" in response.content
+    assert Task.objects.get(slug="my.task").full_clean() is None

@@ -272,3 +272,16 @@ def test_it_accepts_null_defaults_like_coder_eval():
     )
 
     assert spec.defaults.model_dump(exclude_unset=True) == {}
+
+
+@pytest.mark.parametrize(
+    ("task_id", "ok"),
+    [("my.task", True), ("a.b.c-d_e", True), ("a..b", False), (".a", False), ("a.", False), ("a/b", False)],
+)
+def test_task_ids_may_hold_dots_like_coder_eval(task_id, ok):
+    data = {"task_id": task_id, "initial_prompt": "x", "success_criteria": [CRITERION]}
+    if ok:
+        assert TaskSpec.model_validate(data).task_id == task_id
+    else:
+        with pytest.raises(ValidationError, match="must be a slug"):
+            TaskSpec.model_validate(data)
