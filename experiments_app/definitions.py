@@ -138,7 +138,9 @@ def _store_tasks(loaded: list[LoadedTask], report: TaskImportReport) -> None:
             task = Task(slug=item.task_id)
             created.append(task)
             report.created.append(item.task_id)
-        elif task.bundle_id != item.bundle.digest:
+        elif task.bundle_id != item.bundle.digest or task.skip != item.spec.skip:
+            # Same files but another `skip`: a task first known from a run record (stored
+            # skipped) becomes the runnable task its YAML describes.
             updated.append(task)
             report.updated.append(item.task_id)
         else:

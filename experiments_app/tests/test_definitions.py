@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from experiments_app.definitions import ImportFailed, import_experiment, import_tasks
+from experiments_app.definitions import ImportFailed, import_experiment, import_tasks, store_recorded_task
 from experiments_app.models import Experiment, Task, TaskSet, TaskVersion
 
 EXAMPLES = settings.BASE_DIR / "examples"
@@ -152,3 +152,19 @@ def test_the_command_lists_every_problem_and_exits_with_an_error(suite):
     assert "nothing imported" in message
     assert "aa-bad/task.yaml:1" in message and "zz-bad/task.yaml:1" in message
     assert Task.objects.count() == 0
+
+
+def test_a_task_first_known_from_a_run_record_becomes_runnable_when_its_yaml_is_imported(tmp_path):
+    text = "task_id: seen\ninitial_prompt: Create out.txt\n"
+    text += "success_criteria:\n  - type: file_exists\n    path: out.txt\n"
+    store_recorded_task(
+        "seen", spec={"task_id": "seen"}, source_yaml=text, yaml_name="task.yaml", prompt="Create out.txt",
+        description="", tags=[], source_path="runs/x", warnings=[],
+    )  # fmt: skip
+    (tmp_path / "task.yaml").write_text(text)
+
+    report = import_tasks([tmp_path])
+
+    task = Task.objects.get(slug="seen")
+    assert report.updated == ["seen"] and report.unchanged == []
+    assert task.skip is False and task.version == 2
