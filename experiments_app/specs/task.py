@@ -80,6 +80,18 @@ class AgentSpec(SpecModel):
     def _known_kind(cls, v: str | None) -> str | None:
         return v if v is None else agent_kinds.check_kind(v)
 
+    @model_validator(mode="after")
+    def _options_of_the_kind(self, info: ValidationInfo) -> AgentSpec:
+        # Options of another kind are refused where the block names its kind; once resolved,
+        # an experiment's defaults may reach a variant of another kind (coder-eval accepts
+        # that), so only options no kind has are refused there.
+        resolved = bool((info.context or {}).get("resolved"))
+        kind = None if resolved else self.type
+        problems = agent_kinds.option_problems(kind, list(self.model_extra or {}))
+        if problems:
+            raise SpecError(*(((key,), message) for key, message in problems))
+        return self
+
 
 # --- sandbox -----------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def test_it_does_not_let_anonymous_visitors_change_anything(client, name):
 
 def test_it_lets_a_member_create_an_experiment_with_two_variants(member_client, member):
     smoke_experiment()
-    data = _form_data(*_two_variants(prompt_prefix="Be brief.", options="note: {a: 1}\n", repeats="2"))
+    data = _form_data(*_two_variants(prompt_prefix="Be brief.", options="env: {A: '1'}\n", repeats="2"))
 
     response = member_client.post(reverse("experiment_create"), data)
 
@@ -88,7 +88,7 @@ def test_it_lets_a_member_create_an_experiment_with_two_variants(member_client, 
     assert experiment.baseline.slug == "reference"  # the first variant when none is named
     reference, noop = experiment.variants.order_by("position")
     assert reference.agent == {"type": "oracle"}
-    assert noop.agent == {"note": {"a": 1}, "type": "none"}
+    assert noop.agent == {"env": {"A": "1"}, "type": "none"}
     assert noop.prompt_mutations == [{"type": "prefix", "content": "Be brief."}]
     assert noop.repeats == 2
     assert experiment.selected_tasks().count() == 3
@@ -126,7 +126,8 @@ def test_it_ignores_blank_extra_variant_forms(member_client):
             "other",
             "set only one of",
         ),
-        ({"variants-1-options": "script: agent.py"}, 1, "options", "not in this experiment's files"),
+        ({"variants-1-options": "script: agent.py"}, 1, "options", "applies to command, not to none"),
+        ({"variants-1-options": "base_ur: http://x"}, 1, "options", "no agent kind has an option 'base_ur'"),
     ],
 )
 def test_it_shows_the_importers_errors_on_the_fields(member_client, change, form_name, field, message):
@@ -152,7 +153,7 @@ def test_it_needs_at_least_one_variant(member_client):
 def test_it_edits_an_imported_experiment_without_losing_what_the_form_does_not_show(member_client):
     experiment = smoke_experiment()
     Variant.objects.filter(experiment=experiment, slug="no-op").update(
-        overrides={"initial_prompt": "Do nothing."}, agent={"type": "none", "extra_flag": True}
+        overrides={"initial_prompt": "Do nothing."}, agent={"type": "none", "env": {"X": "1"}}
     )
     before = experiment_spec_data(experiment)
     page = member_client.get(reverse("experiment_edit", args=["smoke"]))
@@ -203,8 +204,9 @@ def test_it_downloads_yaml_that_imports_back_to_the_same_experiment(member_clien
              "run_limits": "max_turns: 5\n", "repeats": "3",
              "other": "post_run:\n  - command: 'true'\n"}  # fmt: skip
     gates = "- {type: min_pass_rate, value: 0.5, variant: reference}\n"
+    variants = (_variant(0, "reference", "oracle"), _variant(1, "no-op", "command", **extra))
     member_client.post(
-        reverse("experiment_create"), _form_data(*_two_variants(**extra), task_sets=["examples"], gates=gates)
+        reverse("experiment_create"), _form_data(*variants, task_sets=["examples"], gates=gates)
     )
     made = Experiment.objects.get(slug="ab-test")
     before = experiment_spec_data(made)

@@ -285,3 +285,37 @@ def test_task_ids_may_hold_dots_like_coder_eval(task_id, ok):
     else:
         with pytest.raises(ValidationError, match="must be a slug"):
             TaskSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ({"type": "claude-code", "permision_mode": "plan"}, "did you mean 'permission_mode'"),
+        ({"type": "claude-code", "base_ur": "http://127.0.0.1:1"}, "did you mean 'base_url'"),
+        ({"type": "codex", "max_retires": 2}, "did you mean 'max_retries'"),
+        ({"max_retires": 2}, "no agent kind has an option 'max_retires'"),  # a layer without type
+        (
+            {"type": "codex", "allowed_tools": ["Bash"]},
+            "'allowed_tools' applies to claude-code, not to codex",
+        ),
+        ({"type": "none", "command": "echo"}, "'command' applies to command, not to none"),
+        (
+            {"type": "claude-code", "plugins": []},
+            r"agent option 'plugins' \(local Claude Code plugins\) is not built",
+        ),
+    ],
+)
+def test_it_refuses_agent_options_the_kind_does_not_read(agent, message):
+    data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], "agent": agent}
+    with pytest.raises(ValidationError, match=message):
+        TaskSpec.model_validate(data)
+
+
+def test_an_experiments_default_options_may_reach_a_variant_of_another_kind():
+    resolved = {
+        "task_id": "t",
+        "initial_prompt": "x",
+        "success_criteria": [CRITERION],
+        "agent": {"type": "none", "permission_mode": "acceptEdits", "allowed_tools": ["Bash"]},
+    }
+    assert TaskSpec.model_validate(resolved, context={"resolved": True}).agent.type == "none"
