@@ -23,6 +23,19 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faste
 
 Loc = tuple[str | int, ...]
 
+# coder-eval criterion types evalsite does not grade yet: named as such, not as typos.
+UNBUILT_CRITERIA = {
+    "cli_called": "which CLI commands the agent ran, by argv pattern",
+    "skill_triggered": "whether a Claude Code skill fired",
+    "agent_judge": "an agent grading the workspace",
+    "reference_comparison": "comparing the workspace with the reference solution",
+    "commands_efficiency": "the agent's command count against expected_commands",
+    "record_cli": "recorded CLI invocations",
+    "checker_context": "checker context files",
+    "system_one_judge": "UiPath's System One judge",
+    "uipath_eval": "UiPath evaluations",
+}
+
 # Hostile-input bounds: a task file is a few hundred nodes, a few levels deep. Aliases are
 # counted expanded, so an alias bomb ("billion laughs", 423 bytes) is refused before it is built.
 MAX_NODES = 100_000
@@ -241,7 +254,11 @@ def _pydantic_issue(doc: Doc, loc: Loc, err: Any) -> SpecIssue:
         message = "required field is missing" + _typo_hint(str(path[-1]) if path else "", node)
     elif kind == "union_tag_invalid":
         tag, expected = ctx.get("tag"), ctx.get("expected_tags")
-        message = f"unknown {_union_name(path)} type {tag!r}; expected one of: {expected}"
+        if _union_name(path) == "criterion" and tag in UNBUILT_CRITERIA:
+            what = UNBUILT_CRITERIA[tag]
+            message = f"coder-eval's {tag!r} criterion ({what}) is not built in evalsite; built: {expected}"
+        else:
+            message = f"unknown {_union_name(path)} type {tag!r}; expected one of: {expected}"
     elif kind == "union_tag_not_found":
         message = f"missing 'type'; expected one of: {', '.join(_union_tags(path))}"
     elif kind == "too_short":
