@@ -262,7 +262,8 @@ def _dataset_rows(version: TaskVersion, options: LaunchOptions, seed: int) -> li
 
 
 def _substitute_row(config: dict, row: dict, task_slug: str, row_id: str) -> dict:
-    """Replace `${row.field}` in the prompt and the criteria (and their commands)."""
+    """Replace `${row.field}` in the prompt and the criteria (their commands included), as
+    coder-eval does (`task_loader.expand_dataset`): pre_run and post_run keep the text as written."""
 
     def fill(value: Any) -> Any:
         if isinstance(value, str):
@@ -274,7 +275,7 @@ def _substitute_row(config: dict, row: dict, task_slug: str, row_id: str) -> dic
         return value
 
     config = dict(config)
-    for key in ("initial_prompt", "success_criteria", "pre_run", "post_run"):
+    for key in ("initial_prompt", "success_criteria"):
         if key in config:
             config[key] = fill(config[key])
     return config
@@ -286,7 +287,13 @@ def _row_value(row: dict, name: str, task_slug: str, row_id: str) -> str:
             f"dataset row {row_id!r} of task {task_slug} has no field {name!r} (used as ${{row.{name}}})"
         )
     value = row[name]
-    return value if isinstance(value, str) else json.dumps(value)
+    if isinstance(value, dict | list):
+        # coder-eval refuses these too: a structure has no one right text form.
+        raise ValueError(
+            f"dataset row {row_id!r} of task {task_slug}: ${{row.{name}}} must be a scalar "
+            f"(text, number, boolean or null), got a {type(value).__name__}"
+        )
+    return "" if value is None else str(value)  # coder-eval's str(): True -> "True", 2.0 -> "2.0"
 
 
 def trial_fingerprint(bundle_digest: str, config: dict) -> str:

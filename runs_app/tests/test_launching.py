@@ -116,6 +116,38 @@ def test_it_expands_datasets_and_substitutes_rows(tmp_path):
     assert first.dataset_row["unit"] == "km"
 
 
+def test_it_substitutes_rows_where_coder_eval_does_and_as_it_does(tmp_path):
+    task = DATASET_TASK.replace(
+        "success_criteria:", "pre_run:\n  - command: 'echo ${row.unit}'\nsuccess_criteria:"
+    )
+    task = task.replace(
+        '{id: a, value: "1", unit: km, kind: length}', "{id: a, value: 1.0, unit: true, kind: length}"
+    )
+    make_task(tmp_path, "convert", task)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path, EXPERIMENT.replace("repeats: 2", "repeats: 1").replace("repeats: 3", "repeats: 1")
+    )
+
+    run = launch_run(experiment)
+
+    first = Trial.objects.filter(run=run, variant__slug="base").order_by("dataset_row_id")[0]
+    assert first.prompt == "Convert 1.0 to True"  # str() of the value, as coder-eval
+    assert first.config["pre_run"][0]["command"] == "echo ${row.unit}"  # pre_run is not substituted
+
+
+def test_it_refuses_a_structured_row_value_in_a_placeholder(tmp_path):
+    task = DATASET_TASK.replace(
+        '{id: a, value: "1", unit: km, kind: length}', "{id: a, value: [1], unit: km, kind: length}"
+    )
+    make_task(tmp_path, "convert", task)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+
+    with pytest.raises(LaunchError, match=r"\$\{row.value\} must be a scalar .* got a list"):
+        launch_run(experiment)
+
+
 def test_it_samples_rows_per_stratum_with_a_recorded_seed(tmp_path):
     make_task(tmp_path, "convert", DATASET_TASK)
     import_folder_tasks(tmp_path)
