@@ -30,11 +30,6 @@ _UNBUILT: list[tuple[Loc, str, str]] = [
     (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
     (("run_limits", "stop_early"), "stopping the agent once gating criteria pass", "remove it"),
     (("run_limits", "stop_early_gate_threshold"), "the threshold of stop_early", "remove it"),
-    (
-        ("run_limits", "max_tool_calls"),
-        "a cap on the agent's tool calls",
-        "cap turns with run_limits.max_turns",
-    ),
     (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
 ]
 

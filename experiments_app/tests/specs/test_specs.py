@@ -121,7 +121,6 @@ def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
         ("sandbox", {"driver": "docker"}),
         ("sandbox", {"docker": {"image": "python:3.12"}}),
         ("run_limits", {"stop_early": True}),
-        ("run_limits", {"max_tool_calls": 5}),
         ("expected_commands", 3),
     ],
 )
