@@ -72,25 +72,7 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
             [f"only staff and members of the {settings.AGENT_AUTHORS_GROUP!r} group may run a command "
              "agent or hand agents secrets through launch options"]
         )  # fmt: skip
-    versions = _selected_versions(experiment, options, seed)
-    variants = list(experiment.variants.order_by("position", "pk"))
-    if not variants:
-        raise LaunchError([f"experiment {experiment.slug} has no variants"])
-    if not versions:
-        raise LaunchError([f"experiment {experiment.slug} selects no tasks (check its task sets and tags)"])
-
-    trials, problems = [], []
-    for version in versions:
-        for variant in variants:
-            try:
-                trials += _trials_for(experiment, version, variant, overrides, options, seed, len(trials))
-            except LaunchError:
-                raise
-            except (ResolveError, OverrideError, ValueError) as exc:
-                problems.append(f"{version.task.slug} × {variant.slug}: {exc}")
-    if problems:
-        raise LaunchError(problems)
-
+    versions, variants, trials = _resolved_trials(experiment, options, seed)
     with transaction.atomic():
         run = Run.objects.create(
             experiment=experiment,
@@ -110,6 +92,39 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
         run.refresh_counts()
         transaction.on_commit(partial(control.enqueue_dispatch, run.pk))
     return run
+
+
+def _resolved_trials(
+    experiment: Experiment, options: LaunchOptions, seed: int
+) -> tuple[list[TaskVersion], list[Variant], list[Trial]]:
+    """The selected task versions, the variants, and every trial resolved (unsaved); a
+    LaunchError lists every task × variant that cannot resolve."""
+    overrides = _override_layer(options)
+    versions = _selected_versions(experiment, options, seed)
+    variants = list(experiment.variants.order_by("position", "pk"))
+    if not variants:
+        raise LaunchError([f"experiment {experiment.slug} has no variants"])
+    if not versions:
+        raise LaunchError([f"experiment {experiment.slug} selects no tasks (check its task sets and tags)"])
+    trials, problems = [], []
+    for version in versions:
+        for variant in variants:
+            try:
+                trials += _trials_for(experiment, version, variant, overrides, options, seed, len(trials))
+            except LaunchError:
+                raise
+            except (ResolveError, OverrideError, ValueError) as exc:
+                problems.append(f"{version.task.slug} × {variant.slug}: {exc}")
+    if problems:
+        raise LaunchError(problems)
+    return versions, variants, trials
+
+
+def preview_trials(experiment: Experiment, options: LaunchOptions | None = None) -> list[Trial]:
+    """Every trial a launch with `options` would create, resolved and unsaved (`evalrun --plan`)."""
+    options = options or LaunchOptions()
+    seed = options.seed if options.seed is not None else 0
+    return _resolved_trials(experiment, options, seed)[2]
 
 
 def rerun_options(run: Run) -> LaunchOptions:

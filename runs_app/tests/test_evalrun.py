@@ -252,3 +252,19 @@ def test_it_cancels_the_run_on_ctrl_c(celery_worker_process, start_evalrun, tmp_
     run = Run.objects.get()
     assert run.status == Run.Status.CANCELLED
     assert run.n_cancelled >= 2 and run.n_queued + run.n_running == 0
+
+
+def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
+    import io
+
+    from django.core.management import call_command
+
+    from experiments_app.models import Task
+
+    out = io.StringIO()
+    call_command("evalrun", *map(str, SMOKE_TASKS), "-T", "oracle", "--repeats", "3", "--plan", stdout=out)
+
+    text = out.getvalue()
+    assert f"{3 * len(SMOKE_TASKS)} trials (nothing was started or stored)" in text
+    assert f"{len(SMOKE_TASKS)} units × 3 repeats per variant: detects |Δ| ≥ " in text
+    assert Task.objects.count() == 0 and not Run.objects.exists()

@@ -12,17 +12,19 @@ import logging
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from experiments_app.definitions import ImportFailed, adhoc_experiment, import_experiment, import_tasks
 from experiments_app.models import Experiment
 from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control
 from runs_app.analysis import reports
-from runs_app.launching import LaunchError, LaunchOptions, launch_run, run_plan
+from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import Run, Trial, TrialEvent
 
 POLL_SECONDS = 0.25
@@ -32,6 +34,7 @@ EVENT_LOOKBACK = 500
 WORKER_HINT_AFTER = 15.0
 CANCEL_WAIT_SECONDS = 60.0
 EXIT_BAD_INPUT = 2
+PLAN_LINES = 30  # task × variant lines `--plan` prints before "and N more"
 EXIT_INTERRUPTED = 130
 
 
@@ -170,15 +173,31 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def _plan(self, options) -> None:
-        """Print what the run would detect, and what an effect needs; start nothing."""
-        experiment, launch = self._prepare(options)
-        try:
-            plan = run_plan(experiment, launch)
-        except LaunchError as exc:
-            raise CommandError(
-                self._problems("cannot plan the run", exc.problems), returncode=EXIT_BAD_INPUT
-            ) from None
-        self.stdout.write(f"plan for {experiment.slug}:")
+        """Print the trials a run would hold, per task × variant, and what it could detect;
+        everything (the task import too) happens in a transaction that is rolled back."""
+        with transaction.atomic():
+            experiment, launch = self._prepare(options)
+            try:
+                trials = preview_trials(experiment, launch)
+                plan = run_plan(experiment, launch)
+            except LaunchError as exc:
+                raise CommandError(
+                    self._problems("cannot plan the run", exc.problems), returncode=EXIT_BAD_INPUT
+                ) from None
+            transaction.set_rollback(True)
+        cells = Counter((trial.task_version.task.slug, trial.variant.slug) for trial in trials)
+        rows: dict[tuple[str, str], set[str]] = {}
+        for trial in trials:
+            if trial.dataset_row_id:
+                rows.setdefault((trial.task_version.task.slug, trial.variant.slug), set()).add(
+                    trial.dataset_row_id
+                )
+        self.stdout.write(f"plan for {experiment.slug}: {len(trials)} trials (nothing was started or stored)")
+        for (task, variant), count in list(cells.items())[:PLAN_LINES]:
+            over = f" over {len(rows[(task, variant)])} dataset rows" if (task, variant) in rows else ""
+            self.stdout.write(f"  {task} × {variant}: {count} trial{'s' if count != 1 else ''}{over}")
+        if len(cells) > PLAN_LINES:
+            self.stdout.write(f"  and {len(cells) - PLAN_LINES} more task × variant pairs")
         for line in plan.lines():
             self.stdout.write(f"  {line}")
 
