@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 
 from experiments_app.specs import agent_kinds
-from experiments_app.specs.base import SpecError, SpecModel, check_regex
+from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path
 from experiments_app.specs.criteria import Criterion
 from experiments_app.specs.unbuilt import refuse_unbuilt
 
@@ -194,6 +194,13 @@ class SandboxSpec(SpecModel):
     # reaches only the hosts listed in allowed_hosts, through the gateway's CONNECT proxy.
     network: Literal["none", "bridge"] = "none"
     allowed_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("mock_path_dirs")
+    @classmethod
+    def _mock_dirs_in_workspace(cls, v: list[str] | None) -> list[str] | None:
+        for path in v or []:
+            check_workspace_path(path, "mock_path_dirs entry")
+        return v
 
     @field_validator("allowed_hosts")
     @classmethod

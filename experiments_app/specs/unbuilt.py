@@ -18,14 +18,9 @@ _UNBUILT: list[tuple[Loc, str, str]] = [
     (("simulation",), "a simulated user answering the agent", "remove it; multi-turn tasks are not run yet"),
     (("sandbox", "node"), "a Node.js environment per sandbox", "install what the task needs in pre_run"),
     (
-        ("sandbox", "mock_path_dirs"),
-        "folders put first on PATH",
-        "copy the mocks in a template source and call them by path",
-    ),
-    (
         ("sandbox", "python", "env_packages"),
-        "a virtualenv with these packages per sandbox",
-        "install them in pre_run (pip install --target .deps ...)",
+        "packages installed in the per-sandbox venv",
+        "vendor them in a template source (sandboxes have no network to install from)",
     ),
     (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
     (("run_limits", "stop_early"), "stopping the agent once gating criteria pass", "remove it"),
@@ -48,15 +43,16 @@ def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
                     f"coder-eval's {'.'.join(map(str, path))} ({what}) is not built in evalsite: {instead}",
                 )
             )
-    sandbox = data.get("sandbox")
-    if isinstance(sandbox, dict) and sandbox.get("driver") == "docker":
-        found.append(
-            (
-                ("sandbox", "driver"),
-                "driver: docker asks for a container, and evalsite runs no container runtime: "
-                "use driver: tempdir (the namespace sandbox)",
+    # A task sets sandbox.driver; an experiment layer may set `driver` at its top level.
+    for loc in (("sandbox", "driver"), ("driver",)):
+        if _get(data, loc) == "docker":
+            found.append(
+                (
+                    loc,
+                    "driver: docker asks for a container, and evalsite runs no container runtime: "
+                    "use driver: tempdir (the namespace sandbox)",
+                )
             )
-        )
     for i, criterion in enumerate(data.get("success_criteria") or []):
         if isinstance(criterion, dict) and "stop_early" in criterion:
             found.append(

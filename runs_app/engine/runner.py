@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -320,8 +321,28 @@ class TrialExecution:
                 self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns(),
                 first_index=index, git=self._git,
             )  # fmt: skip
+        self._provide_venv()
         self.recorder.phase("pre_run")
         self.run_steps("pre_run", fatal=True)
+
+    def _provide_venv(self) -> None:
+        """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
+        workspace, with system site packages, first on the PATH of pre_run, post_run and
+        run_command (not the agent's, as in coder-eval). It is a copy of one template per worker
+        host (a venv of symlinks and a pyvenv.cfg: about a millisecond), not a new venv."""
+        self.venv_env: dict[str, str] = {}
+        if (self.config.get("sandbox") or {}).get("python", {}) is None:
+            return
+        target = self.paths.workspace / VENV_DIRNAME
+        if not target.exists():
+            shutil.copytree(venv_template(), target, symlinks=True)
+            if self.paths.uid is not None:
+                os.chown(target, self.paths.uid, self.paths.uid)
+                workspace.chown_tree(target, self.paths.uid, self.paths.uid)
+        self.venv_env = {
+            "VIRTUAL_ENV": str(target),
+            "PATH": os.pathsep.join([str(target / "bin"), os.environ.get("PATH", os.defpath)]),
+        }
 
     def _origin(self, lineage_key: str) -> tuple[Path, str]:
         """Where a relative path of this config field resolves: the task's YAML folder, or
@@ -357,10 +378,10 @@ class TrialExecution:
             wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
             memory_bytes=self._memory_bytes(), **COMMAND_LIMITS,
         )  # fmt: skip
-        mounts, extra = [], {}
+        mounts, extra = [], dict(getattr(self, "venv_env", {}))
         if grading:
             mounts.append(sandbox.Mount(self.task_bundle_dir))
-            extra = {"TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir), **self._reference_env()}
+            extra |= {"TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir), **self._reference_env()}
         result = self._sandboxed(command, limits=limits, extra=extra, mounts=mounts)
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
@@ -484,7 +505,7 @@ class TrialExecution:
                 invocation.argv,
                 limits=self._agent_limits(),
                 secrets=secrets,
-                extra=invocation.env_extra,
+                extra={**self._mock_path(), **invocation.env_extra},
                 mounts=self._agent_mounts(agent_config),
                 via=model_gateway,
                 stdin=invocation.stdin,
@@ -689,6 +710,22 @@ class TrialExecution:
             extra={"EVALSITE_TRIAL_ID": str(self.trial.pk), **(extra or {})},
         )
 
+    def _mock_path(self) -> dict[str, str]:
+        """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
+        executables first on the agent's PATH (missing folders are skipped, as there)."""
+        dirs = []
+        for relative in (self.config.get("sandbox") or {}).get("mock_path_dirs") or []:
+            folder = (self.paths.workspace / relative).resolve()
+            if not folder.is_relative_to(self.paths.workspace.resolve()) or not folder.is_dir():
+                continue
+            for entry in folder.iterdir():
+                if entry.is_file() and not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode | 0o111)
+            dirs.append(str(folder))
+        if not dirs:
+            return {}
+        return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
+
     def _give_workspace_to_sandbox(self) -> None:
         """Files the worker wrote (oracle copies, prompt files) must belong to the sandbox uid."""
         if self.paths.uid is None:
@@ -769,6 +806,28 @@ class TrialExecution:
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
+
+
+def venv_template() -> Path:
+    """This host's template venv (the system python3, system site packages, no pip), made once."""
+    template = Path(settings.SANDBOX_ROOT) / "venv-template"
+    if not (template / "pyvenv.cfg").exists():
+        python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+        template.parent.mkdir(parents=True, exist_ok=True)
+        staging = template.with_name(f"venv-template.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        subprocess.run(
+            [python, "-m", "venv", "--system-site-packages", "--without-pip", str(staging)],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        try:
+            staging.rename(template)  # atomic: a concurrent maker's template wins, this one goes
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return template
 
 
 def sweep_sandboxes() -> int:

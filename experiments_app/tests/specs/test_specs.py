@@ -116,7 +116,6 @@ def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
     ("field", "value"),
     [
         ("sandbox", {"node": {"env_packages": ["left-pad"]}}),
-        ("sandbox", {"mock_path_dirs": ["mocks"]}),
         ("sandbox", {"python": {"env_packages": ["requests"]}}),
         ("sandbox", {"driver": "docker"}),
         ("sandbox", {"docker": {"image": "python:3.12"}}),

@@ -393,3 +393,49 @@ def test_agents_get_neither_undeclared_secrets_nor_folders_outside_their_bundle(
         assert (trial.status, trial.error_category) == ("error", "setup")
         assert "leaves the task's bundle" in trial.error_message
         assert "passwd" not in trial.diff
+
+
+def test_mock_path_dirs_put_a_tasks_mocks_first_on_the_agents_path(tmp_path, celery_worker_process):
+    make_task(
+        tmp_path,
+        "mocked",
+        "task_id: mocked\ninitial_prompt: go\nsandbox:\n  mock_path_dirs: [mocks, missing]\n"
+        "  template_sources:\n    - type: starter_files\n      files:\n"
+        '        - {path: mocks/uip, content: "#!/bin/sh\\necho mocked-uip $1\\n"}\n'
+        "success_criteria:\n  - {type: file_contains, path: out.txt, includes: [mocked-uip deploy]}\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: mocks\nvariants:\n  - variant_id: v\n"
+        '    agent: {type: command, command: "uip deploy > out.txt"}\n',
+    )
+
+    run = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+
+    trial = Trial.objects.get(run=run)
+    assert trial.status == "passed", (trial.error_message, trial.agent_stderr)
+
+
+def test_commands_get_coder_evals_per_sandbox_venv_unless_python_is_null(tmp_path, celery_worker_process):
+    check = (
+        "success_criteria:\n  - type: run_command\n"
+        '    command: \'python -c "import sys; assert sys.prefix.endswith(\\".venv\\"), sys.prefix"\'\n'
+    )
+    make_task(tmp_path, "with-venv", "task_id: with-venv\ninitial_prompt: go\n" + check)
+    make_task(
+        tmp_path,
+        "without-venv",
+        "task_id: without-venv\ninitial_prompt: go\nsandbox: {python: null}\n"
+        "success_criteria:\n  - {type: run_command, command: 'test ! -e .venv'}\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        'experiment_id: venvs\nvariants:\n  - variant_id: v\n    agent: {type: command, command: "true"}\n',
+    )
+
+    run = wait_for_run(launch_run(experiment), timeout=60, worker=celery_worker_process)
+
+    for trial in Trial.objects.filter(run=run):
+        assert trial.status == "passed", (trial.task_version.task.slug, trial.error_message)
