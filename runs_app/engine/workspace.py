@@ -225,12 +225,25 @@ def _copy_template(
         raise WorkspaceError(f"{where}.path: {relative!r} leads outside the task bundle")
     if not folder.is_dir():
         raise WorkspaceError(f"{where}.path: {relative!r} is not a folder next to the task YAML")
+    # coder-eval: `mount_point` is where in the workspace the folder lands; `include_patterns`
+    # re-include template-relative paths the ignore patterns drop (fnmatch, `*` crossing "/").
+    mount = str(source.get("mount_point") or ".")
+    prefix = Path() if mount == "." else Path(mount)
+    includes = [str(p).replace("\\", "/").removeprefix("./") for p in source.get("include_patterns") or []]
+
+    def skipped(relative: Path) -> bool:
+        text = relative.as_posix()
+        return _ignored(relative, patterns) and not any(fnmatch.fnmatchcase(text, p) for p in includes)
+
     for dirpath, dirnames, filenames in os.walk(folder):
         base = Path(dirpath).relative_to(folder)
-        dirnames[:] = sorted(d for d in dirnames if not _ignored(base / d, patterns))
+        # With include patterns an ignored folder is still walked: a file inside may be re-included.
+        dirnames[:] = sorted(d for d in dirnames if includes or not skipped(base / d))
         links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         for name in dirnames:
-            dest = _destination(workspace, str(base / name), where)
+            if skipped(base / name):
+                continue
+            dest = _destination(workspace, str(prefix / base / name), where)
             if name in links:
                 _copy_entry(Path(dirpath) / name, dest, base / name, where)
             elif not dest.is_dir():
@@ -241,8 +254,8 @@ def _copy_template(
                 dest.mkdir()  # empty folders are part of the template too
         dirnames[:] = [d for d in dirnames if d not in links]
         for name in sorted(filenames):
-            if not _ignored(base / name, patterns):
-                dest = _destination(workspace, str(base / name), where)
+            if not skipped(base / name):
+                dest = _destination(workspace, str(prefix / base / name), where)
                 _copy_entry(Path(dirpath) / name, dest, base / name, where)
 
 

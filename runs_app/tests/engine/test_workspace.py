@@ -158,6 +158,27 @@ def test_it_materializes_sources_in_order(bundle, tmp_path):
     assert not (workspace / "__pycache__").exists() and not (workspace / ".git").exists()
 
 
+def test_it_puts_a_template_at_its_mount_point_and_re_includes_ignored_paths(bundle, tmp_path):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    source = {
+        "type": "template_dir",
+        "path": "template",
+        "mount_point": "vendor/app",
+        "include_patterns": [".git/*"],
+    }
+
+    materialize(workspace, [source], bundle, "tasks/demo")
+
+    assert files_under(workspace) == {
+        "vendor/app/.git/HEAD": "ref: refs/heads/main\n",  # re-included
+        "vendor/app/README.md": "template readme\n",
+        "vendor/app/src/app.py": "print('template')\n",
+    }
+    assert not (workspace / "vendor/app/__pycache__").exists()  # still ignored
+    assert not (workspace / "README.md").exists()
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="only a root worker hands files to a sandbox uid")
 def test_it_hands_materialized_files_to_the_trial_uid(bundle, base):
     paths = layout(base / "trial")
