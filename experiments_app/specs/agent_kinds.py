@@ -25,7 +25,7 @@ DEFAULT_KIND = "claude-code"
 # The options each built-in kind reads (`runs_app.engine.agents.*` and the runner); any other key
 # under `agent` is an error naming the kinds it applies to. Every kind takes the common ones
 # (`model` too: an experiment's default model may reach a `none` or `oracle` variant).
-COMMON_OPTIONS = frozenset({"type", "model", "env", "secrets", "prices", "system_prompt_file"})
+COMMON_OPTIONS = frozenset({"type", "model", "env", "secrets", "prices"})
 KIND_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "oracle": frozenset(),
@@ -39,6 +39,7 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
             "max_turns",
             "append_system_prompt",
             "system_prompt",
+            "system_prompt_file",
             "include_partial_messages",
             "max_budget_usd",
             "max_retries",

@@ -87,7 +87,8 @@ class AgentSpec(SpecModel):
         # that), so only options no kind has are refused there.
         resolved = bool((info.context or {}).get("resolved"))
         kind = None if resolved else self.type
-        problems = agent_kinds.option_problems(kind, list(self.model_extra or {}))
+        keys = [*(self.model_extra or {}), *(["system_prompt_file"] if self.system_prompt_file else [])]
+        problems = agent_kinds.option_problems(kind, keys)
         if problems:
             raise SpecError(*(((key,), message) for key, message in problems))
         return self

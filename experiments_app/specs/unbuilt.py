@@ -26,6 +26,11 @@ _UNBUILT: list[tuple[Loc, str, str]] = [
     (("run_limits", "stop_early"), "stopping the agent once gating criteria pass", "remove it"),
     (("run_limits", "stop_early_gate_threshold"), "the threshold of stop_early", "remove it"),
     (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
+    (
+        ("sandbox", "limits", "max_cpus"),
+        "a CPU cap, enforced by coder-eval only under driver: docker",
+        "remove it (memory, processes and disk are capped; CPU is not)",
+    ),
 ]
 
 

@@ -605,6 +605,13 @@ class TrialExecution:
                 config["command"] = [part.replace("{script}", str(script)) for part in command]
             elif isinstance(command, str):
                 config["command"] = command.replace("{script}", str(script))
+        if config.get("system_prompt_file"):
+            # coder-eval: the file's text is the system prompt (the two are mutually exclusive).
+            bundle_dir, yaml_dir = self._origin("agent.system_prompt_file")
+            prompt_file = (bundle_dir / yaml_dir / config.pop("system_prompt_file")).resolve()
+            if not prompt_file.is_relative_to(bundle_dir.resolve()) or not prompt_file.is_file():
+                raise TrialAborted("setup", "agent.system_prompt_file is not a file in the bundle")
+            config["system_prompt"] = prompt_file.read_text(encoding="utf-8")
         return config
 
     def _agent_limits(self) -> sandbox.Limits:

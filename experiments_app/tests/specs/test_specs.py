@@ -121,6 +121,7 @@ def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
         ("sandbox", {"docker": {"image": "python:3.12"}}),
         ("run_limits", {"stop_early": True}),
         ("expected_commands", 3),
+        ("sandbox", {"limits": {"max_cpus": 2}}),
     ],
 )
 def test_it_refuses_each_coder_eval_feature_it_does_not_run(field, value):

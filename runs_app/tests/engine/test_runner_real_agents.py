@@ -140,3 +140,25 @@ def test_codex_is_priced_at_the_gateway(tmp_path):
     assert (
         trial.cost_usd > 0 and abs(trial.cost_usd - (fresh * 1.0 + output * 8.0 + cached * 0.1) / 1e6) < 1e-9
     )
+
+
+@pytest.mark.skipif(
+    not (NODE_BIN / "claude").exists(), reason="run `make agents` (npm ci) for the claude CLI"
+)
+def test_claude_gets_the_system_prompt_file_of_its_variant(tmp_path):
+    import json
+
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "system.md").write_text("You are the MARKER-7431 reviewer.")
+    script = [Turn([tool_use("Bash", {"command": WRITE_FIX, "description": "Fix"})]), Turn([text("Fixed.")])]
+    with AnthropicMock(script) as api:
+        trial = run_example(
+            tmp_path,
+            "{type: claude-code, model: claude-sonnet-4-6, max_retries: 0, system_prompt_file: system.md}",
+            [f"agent.base_url={api.url}"],
+            {"ANTHROPIC_API_KEY": "sk-test-not-a-real-key"},
+        )
+        systems = [json.dumps(request["body"].get("system")) for request in api.model_requests()]
+
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    assert systems and all("MARKER-7431" in system for system in systems)
