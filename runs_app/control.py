@@ -193,7 +193,8 @@ def _judge_gates(run: Run, suite_results: list[dict]) -> list[dict]:
     if not run.gates:
         return []
     try:
-        return gates.evaluate_gates(list(run.gates), run_facts(run, suite_results))
+        facts = run_facts(run, suite_results, gates.clusterings(list(run.gates)))
+        return gates.evaluate_gates(list(run.gates), facts)
     except Exception as exc:
         # The run must still finish; a gate nobody could judge counts as failed.
         logger.exception("run %s: gate evaluation crashed", run.pk)

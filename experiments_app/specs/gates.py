@@ -31,6 +31,8 @@ class MinPassRateGate(GateModel):
     variant: str | None = None
     overall: bool = False
     use: Literal["lower_bound", "estimate"] = "lower_bound"
+    # What the interval treats as independent draws (as the comparison page's "Clusters").
+    cluster: Literal["unit", "task", "tag"] = "unit"
 
     @model_validator(mode="after")
     def _reachable(self) -> MinPassRateGate:
@@ -55,6 +57,7 @@ class NoRegressionGate(GateModel):
     variant: str | None = None
     margin: float | None = Field(default=None, gt=0.0, le=1.0)
     min_clusters: int = Field(default=10, ge=2)
+    cluster: Literal["unit", "task", "tag"] = "unit"
 
 
 class MaxErrorShareGate(GateModel):

@@ -67,6 +67,11 @@ class RunFacts:
     suites: list[dict] = field(default_factory=list)  # Run.suite_results
     overall: VariantFacts | None = None  # every variant's units together
     method: str = ""  # how the intervals were computed, named in the details
+    # The same facts under another clustering, for gates that name one (`cluster: task`).
+    clustered: dict[str, RunFacts] = field(default_factory=dict)
+
+    def under(self, cluster: str) -> RunFacts:
+        return self.clustered.get(cluster, self)
 
 
 def validate_gates(gates: list[Any]) -> list[dict]:
@@ -82,6 +87,15 @@ def evaluate_gates(gates: list[dict], facts: RunFacts) -> list[dict]:
 def unjudged(gates: list[dict], why: str) -> list[dict]:
     """Every gate failed with the same reason (the facts could not be gathered)."""
     return [_result(gate, "gate evaluation", False, why) for gate in gates]
+
+
+def clusterings(gates: list[dict]) -> set[str]:
+    """The clusterings the gates name besides the default."""
+    return {
+        str(gate.get("cluster"))
+        for gate in gates
+        if isinstance(gate, dict) and gate.get("cluster", "unit") != "unit"
+    }
 
 
 def all_passed(results: list[dict]) -> bool | None:
@@ -102,7 +116,13 @@ def _evaluate_one(raw: Any, facts: RunFacts) -> dict:
         MaxErrorShareGate: _max_error_share,
         SuiteThresholdsGate: _suite_thresholds,
     }[type(gate)]
-    default_name, passed, detail = judge(gate, facts)
+    cluster = getattr(gate, "cluster", "unit")
+    if cluster != "unit" and cluster not in facts.clustered:
+        return _result(gate.model_dump(mode="json"), gate.name or type(gate).__name__, False,
+                       f"no facts clustered by {cluster} were gathered")  # fmt: skip
+    default_name, passed, detail = judge(gate, facts.under(cluster))
+    if cluster != "unit":
+        default_name += f" [clustered by {cluster}]"
     return _result(gate.model_dump(mode="json"), gate.name or default_name, passed, detail)
 
 

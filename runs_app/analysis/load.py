@@ -11,6 +11,7 @@ builds its form (baseline and tag choices) between the two steps.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,10 +223,18 @@ def compare_runs(runs: Sequence[Run], **options: Any) -> Comparison:
     return compare(load(runs), **options)
 
 
-def run_facts(run: Run, suites: list[dict]) -> RunFacts:
+def run_facts(run: Run, suites: list[dict], clusterings: set[str] = frozenset()) -> RunFacts:
     """What the gates judge: the run's comparison (the numbers its pages show) per variant,
-    and its dataset suites. Called once nothing is pending, just before the run is marked final."""
-    summary = compare_runs([run], final=True)
+    and its dataset suites, also under each other clustering a gate names. Called once nothing
+    is pending, just before the run is marked final."""
+    data = load([run])
+    clustered = {
+        cluster: _facts(compare(data, final=True, cluster=cluster), suites) for cluster in clusterings
+    }
+    return dataclasses.replace(_facts(compare(data, final=True), suites), clustered=clustered)
+
+
+def _facts(summary: Comparison, suites: list[dict]) -> RunFacts:
     facts = [_variant_facts(arm) for arm in summary.arms]
     overall = None
     if summary.overall is not None:

@@ -233,6 +233,7 @@ def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
         "name": None,
         "margin": None,
         "min_clusters": 2,
+        "cluster": "unit",
     }
 
     run = launch_run(experiment, options=LaunchOptions())
@@ -248,3 +249,19 @@ def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
     # 3 tasks, all lost by no-op: the sign-flip p = 2/8 is not significant (Holm over one test).
     assert "Holm p = 0.25" in run.gate_results[1]["detail"]
     assert run.gates_passed is False
+
+
+@pytest.mark.django_db
+def test_a_gate_may_cluster_units_by_task():
+    from runs_app.analysis.load import run_facts
+    from runs_app.tests.analysis.test_comparison import make_experiment, make_run
+
+    rows = {("ds", v, i): f"r{i}" for v in ("base", "new") for i in range(12)}
+    run = make_run(make_experiment(), {"ds": {"base": "P" * 12, "new": "P" * 12}}, dataset_row_id=rows)
+    gates = validate_gates([{"type": "no_regression"}, {"type": "no_regression", "cluster": "task"}])
+
+    by_unit, by_task = evaluate_gates(gates, run_facts(run, [], {"task"}))
+
+    assert by_unit["passed"] is True  # 12 rows are 12 paired clusters
+    assert by_task["passed"] is False and "only 1 paired clusters" in by_task["detail"]
+    assert by_task["name"].endswith("[clustered by task]") and "units clustered by task" in by_task["detail"]
