@@ -61,11 +61,14 @@ class Upstream:
     api: str  # "anthropic" or "openai"
     base_url: str
     key: str = ""
+    # Anthropic's API key goes in x-api-key; an ANTHROPIC_AUTH_TOKEN (a gateway or proxy in
+    # front of the API) as a bearer token, as Claude Code sends it.
+    bearer: bool = False
 
     def auth_headers(self) -> dict[str, str]:
         if not self.key:
             return {}
-        if self.api == "anthropic":
+        if self.api == "anthropic" and not self.bearer:
             return {"x-api-key": self.key}
         return {"Authorization": f"Bearer {self.key}"}
 

@@ -416,9 +416,12 @@ class TrialExecution:
             base_url = (len(kind.model_apis) == 1 and agent_config.get("base_url")) or os.environ.get(
                 url_name
             )
-            upstreams.append(gateway.Upstream(api, str(base_url or default), os.environ.get(key_name, "")))
-            if os.environ.get(key_name):
-                self.secret_values.append(os.environ[key_name])
+            key, bearer = os.environ.get(key_name, ""), False
+            if not key and api == "anthropic" and os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+                key, bearer = os.environ["ANTHROPIC_AUTH_TOKEN"], True
+            upstreams.append(gateway.Upstream(api, str(base_url or default), key, bearer))
+            if key:
+                self.secret_values.append(key)
         box = self.config.get("sandbox") or {}
         return gateway.Gateway(
             gateway.socket_path_for(self.root),
@@ -439,6 +442,8 @@ class TrialExecution:
                 key_name, url_name, _ = MODEL_APIS[api]
                 values.pop(key_name, None)
                 values.pop(url_name, None)
+                if api == "anthropic":
+                    values.pop("ANTHROPIC_AUTH_TOKEN", None)  # the gateway holds it too
                 upstream = model_gateway.upstreams[api]
                 if upstream.key:  # a kind that needs a key still says which one is missing
                     values[key_name] = gateway.PLACEHOLDER_KEY

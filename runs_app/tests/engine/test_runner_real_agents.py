@@ -162,3 +162,25 @@ def test_claude_gets_the_system_prompt_file_of_its_variant(tmp_path):
 
     assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
     assert systems and all("MARKER-7431" in system for system in systems)
+
+
+@pytest.mark.skipif(
+    not (NODE_BIN / "claude").exists(), reason="run `make agents` (npm ci) for the claude CLI"
+)
+def test_claude_runs_on_an_auth_token_which_the_gateway_sends_as_a_bearer(tmp_path):
+    token = "tok-test-bearer-7788"
+    script = [Turn([tool_use("Bash", {"command": WRITE_FIX, "description": "Fix"})]), Turn([text("Fixed.")])]
+    with AnthropicMock(script) as api:
+        trial = run_example(
+            tmp_path,
+            "{type: claude-code, model: claude-sonnet-4-6, max_retries: 0}",
+            [f"agent.base_url={api.url}"],
+            {"ANTHROPIC_API_KEY": "", "ANTHROPIC_AUTH_TOKEN": token},
+        )
+        requests = api.model_requests()
+
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    headers = [{name.lower(): value for name, value in r["headers"].items()} for r in requests]
+    assert headers and {h.get("authorization") for h in headers} == {f"Bearer {token}"}
+    assert not any(h.get("x-api-key") for h in headers)
+    assert token not in trial.agent_stdout + trial.agent_stderr
