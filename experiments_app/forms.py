@@ -136,6 +136,14 @@ class VariantForm(forms.Form):
     description = forms.CharField(required=False)
     agent_type = forms.ChoiceField(label="Agent kind", required=False, choices=())
     model = forms.CharField(required=False, max_length=200)
+    base_url = forms.URLField(
+        required=False,
+        max_length=500,
+        label="Model server",
+        assume_scheme="https",
+        help_text="Base URL of the model API this variant's agent calls through the gateway; empty: the "
+        "worker's ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the public API. Keys stay on the worker.",
+    )
     options = YamlField(label="Agent options", help_text="e.g. command: [python3, agent.py] (YAML or JSON)")
     prompt_prefix = forms.CharField(
         required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2}), label="Prompt prefix"
@@ -204,6 +212,7 @@ def variant_initial(variant: Variant) -> dict:
         "description": variant.description,
         "agent_type": agent.pop("type", "") or "",
         "model": agent.pop("model", "") or "",
+        "base_url": agent.pop("base_url", "") or "",
         "options": agent,
         "run_limits": variant.run_limits,
         "repeats": variant.repeats,
@@ -278,6 +287,8 @@ def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
         agent["type"] = data["agent_type"]
     if data["model"].strip():
         agent["model"] = data["model"].strip()
+    if data["base_url"]:
+        agent["base_url"] = data["base_url"]
     if agent:
         variant["agent"] = agent
     if data["run_limits"]:
@@ -434,7 +445,8 @@ def _variant_field(source: VariantSource, loc: Loc) -> tuple[VariantForm, str | 
     if loc[0] in simple:
         return form, simple[loc[0]], loc[1:]
     if loc[0] == "agent":
-        name = {"type": "agent_type", "model": "model"}.get(loc[1] if len(loc) > 1 else "", "options")
+        names = {"type": "agent_type", "model": "model", "base_url": "base_url"}
+        name = names.get(loc[1] if len(loc) > 1 else "", "options")
         return form, name, loc[1:] if name == "options" else ()
     if loc[0] == "prompt_mutations" and len(loc) > 1 and isinstance(loc[1], int):
         if loc[1] < len(source.mutation_fields) and source.mutation_fields[loc[1]] != "other":

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.django_db
 
 def _variant(i: int, variant_id: str, agent_type: str = "", **fields: str) -> dict:
     values = {"variant_id": variant_id, "agent_type": agent_type, "description": "", "model": "",
-              "options": "", "prompt_prefix": "", "prompt_suffix": "", "run_limits": "", "repeats": "",
+              "base_url": "", "options": "", "prompt_prefix": "", "prompt_suffix": "", "run_limits": "",
+              "repeats": "",
               "other": "", **fields}  # fmt: skip
     return {f"variants-{i}-{key}": value for key, value in values.items()}
 
@@ -92,6 +93,25 @@ def test_it_lets_a_member_create_an_experiment_with_two_variants(member_client, 
     assert noop.prompt_mutations == [{"type": "prefix", "content": "Be brief."}]
     assert noop.repeats == 2
     assert experiment.selected_tasks().count() == 3
+
+
+def test_a_variant_may_name_its_model_server_in_the_form(member_client):
+    smoke_experiment()
+    variants = (
+        _variant(0, "reference", "oracle"),
+        _variant(1, "local", "claude-code", base_url="http://10.0.0.5:8080"),
+    )
+
+    response = member_client.post(reverse("experiment_create"), _form_data(*variants))
+
+    assert response.status_code == 302, response.context and response.context["form"].errors
+    local = Experiment.objects.get(slug="ab-test").variants.get(slug="local")
+    assert local.agent == {"type": "claude-code", "base_url": "http://10.0.0.5:8080"}
+    page = member_client.get(reverse("experiment_edit", args=["ab-test"])).content.decode()
+    assert 'value="http://10.0.0.5:8080"' in page
+    bad = _variant(1, "local", "claude-code", base_url="not a url")
+    response = member_client.post(reverse("experiment_create"), _form_data(variants[0], bad))
+    assert response.status_code == 200 and "Enter a valid URL" in response.content.decode()
 
 
 def test_it_ignores_blank_extra_variant_forms(member_client):
