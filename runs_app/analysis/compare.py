@@ -185,10 +185,6 @@ class UnitDelta:
     delta: float
     p_value: float  # Fisher's exact test of this unit alone
 
-    @property
-    def slug(self) -> str:
-        return self.unit
-
 
 @dataclass
 class Versus:
@@ -217,13 +213,10 @@ class Versus:
     baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
+    errors_differ: bool = False  # error_p below the comparison's α
     improved: list[UnitDelta] = field(default_factory=list)
     regressed: list[UnitDelta] = field(default_factory=list)
     listed_by_chance: float = 0.0  # at most this many units listed if nothing changed
-
-    @property
-    def errors_differ(self) -> bool:
-        return self.error_p is not None and self.error_p < ALPHA
 
 
 @dataclass
@@ -549,11 +542,7 @@ def _summary(arm: Arm, i: int, units: list[Unit], clusters: list, matrix, confid
         errors=totals["errors"],
         agent_errors=totals["agent_errors"],
         cancelled=totals["cancelled"],
-        pending=totals["total"]
-        - totals["passed"]
-        - totals["failed"]
-        - totals["errors"]
-        - totals["cancelled"],
+        pending=sum(cell.pending for cell in cells),
         units=len(graded_clusters),
         clusters=len(set(graded_clusters)),
         pass_rate=rate.estimate if rate else None,
@@ -665,12 +654,14 @@ def _versus(units, clusters, matrix, base: int, i: int, confidence, alpha, final
         p_value, exact = inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
         versus.p_value = p_value
         versus.test = "sign-flip, exact" if exact else f"sign-flip, {draws:,} draws"
-    _error_effects(versus, matrix, clusters, base, i, confidence)
+    _error_effects(versus, matrix, clusters, base, i, confidence, alpha)
     _changed_units(versus, units, paired, baseline, arm, alpha)
     return versus
 
 
-def _error_effects(versus: Versus, matrix, clusters, base: int, i: int, confidence: float) -> None:
+def _error_effects(
+    versus: Versus, matrix, clusters, base: int, i: int, confidence: float, alpha: float
+) -> None:
     """Δ with every error a fail, and whether the arms' infrastructure-error shares differ."""
     if_fail = inference.difference_interval(
         [_finished(row[base]) for row in matrix], [_finished(row[i]) for row in matrix], clusters, confidence
@@ -689,6 +680,7 @@ def _error_effects(versus: Versus, matrix, clusters, base: int, i: int, confiden
     if any(b[0] or a[0] for b, a in both):
         tested = inference.sign_flip_p(base_errors, arm_errors, clusters)
         versus.error_p = tested[0] if tested else None
+        versus.errors_differ = versus.error_p is not None and versus.error_p < alpha
 
 
 def _changed_units(versus: Versus, units, paired: list[int], baseline, arm, alpha: float) -> None:

@@ -7,7 +7,7 @@ The clustered estimates every page shows are built on these in `analysis.inferen
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from statistics import NormalDist
 
 PassCount = tuple[int, int]
@@ -85,16 +85,6 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-def pass_at_k_curve(per_task: Iterable[PassCount]) -> dict[int, float]:
-    """Mean pass@k over tasks for k = 1 … the smallest n among tasks with trials."""
-    return _curve(pass_at_k, per_task)
-
-
-def pass_hat_k_curve(per_task: Iterable[PassCount]) -> dict[int, float]:
-    """Mean pass^k over tasks for k = 1 … the smallest n among tasks with trials."""
-    return _curve(pass_hat_k, per_task)
-
-
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value from the discordant pairs b and c (McNemar 1947).
 
@@ -107,27 +97,6 @@ def mcnemar_exact(b: int, c: int) -> float:
     n = b + c
     tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
     return min(1.0, 2 * tail / 2**n)
-
-
-def paired_delta_interval_one_repeat(
-    pairs: Iterable[tuple[bool, bool]], confidence: float = 0.95
-) -> tuple[float, float, float]:
-    """Δ pass rate (variant - baseline) with Newcombe's interval, from one repeat per task.
-
-    `pairs` holds (baseline_passed, variant_passed) for each task both arms ran. Returns
-    (delta, low, high); see `newcombe_paired_interval`. Shown next to `mcnemar_exact`.
-    """
-    both = variant_only = baseline_only = neither = 0
-    for baseline_passed, variant_passed in pairs:
-        if baseline_passed and variant_passed:
-            both += 1
-        elif variant_passed:
-            variant_only += 1
-        elif baseline_passed:
-            baseline_only += 1
-        else:
-            neither += 1
-    return newcombe_paired_interval(both, variant_only, baseline_only, neither, confidence)
 
 
 def newcombe_paired_interval(
@@ -193,35 +162,6 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[index]))
         adjusted[index] = running
     return adjusted
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-quantile (0 ≤ q ≤ 1) of already sorted values, interpolating linearly between
-    order statistics (Hyndman & Fan 1996 definition 7, numpy's default)."""
-    if not sorted_values:
-        raise ValueError("quantile of no values")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be within [0, 1], got {q}")
-    position = q * (len(sorted_values) - 1)
-    below = math.floor(position)
-    above = min(below + 1, len(sorted_values) - 1)
-    fraction = position - below
-    return sorted_values[below] + (sorted_values[above] - sorted_values[below]) * fraction
-
-
-def _curve(estimator: Callable[[int, int, int], float], per_task: Iterable[PassCount]) -> dict[int, float]:
-    # Every point averages over the same tasks, so k stops at the smallest n: a task that lost a
-    # trial to an error would otherwise drop out of the larger k only and bend the curve.
-    counts = [(k, n) for k, n in per_task if n > 0]
-    for passes, n in counts:
-        _check_count(passes, n)
-    if not counts:
-        return {}
-    largest_k = min(n for _, n in counts)
-    return {
-        k: math.fsum(estimator(n, passes, k) for passes, n in counts) / len(counts)
-        for k in range(1, largest_k + 1)
-    }
 
 
 def _wilson(p: float, n: float, z: float) -> tuple[float, float]:

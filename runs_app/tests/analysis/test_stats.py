@@ -4,7 +4,6 @@ agreement with statsmodels, scipy and numpy on random inputs."""
 import importlib
 import math
 import random
-import statistics
 from fractions import Fraction
 
 import pytest
@@ -103,27 +102,6 @@ def test_it_rejects_undefined_pass_k_arguments(estimator, n, c, k):
         estimator(n, c, k)
 
 
-def test_it_averages_pass_k_over_tasks_up_to_the_smallest_repeat_count():
-    per_task = [(1, 3), (3, 3), (0, 2), (0, 0)]
-    at_k = stats.pass_at_k_curve(per_task)
-    hat_k = stats.pass_hat_k_curve(per_task)
-    assert list(at_k) == [1, 2]
-    assert at_k[1] == pytest.approx((1 / 3 + 1 + 0) / 3)
-    assert at_k[2] == pytest.approx((2 / 3 + 1 + 0) / 3)
-    assert hat_k[2] == pytest.approx((0 + 1 + 0) / 3)
-    assert stats.pass_at_k_curve([]) == {}
-    assert stats.pass_hat_k_curve([(0, 0)]) == {}
-
-
-def test_it_makes_pass_at_k_rise_and_pass_hat_k_fall_with_k():
-    per_task = _random_counts(random.Random(5), tasks=50, repeats=10)
-    at_k = list(stats.pass_at_k_curve(per_task).values())
-    hat_k = list(stats.pass_hat_k_curve(per_task).values())
-    assert at_k[0] == pytest.approx(hat_k[0])
-    assert all(a <= b for a, b in zip(at_k, at_k[1:], strict=False))
-    assert all(a >= b for a, b in zip(hat_k, hat_k[1:], strict=False))
-
-
 # --- McNemar ----------------------------------------------------------------------------------
 
 
@@ -159,12 +137,6 @@ def test_it_gives_newcombes_paired_interval_for_the_published_example():
     assert (delta, low, high) == pytest.approx((-0.0621, -0.1186, -0.0046), abs=5e-5)
 
 
-def test_it_builds_the_paired_table_from_one_repeat():
-    pairs = [(True, True)] * 59 + [(False, True)] * 6 + [(True, False)] * 16 + [(False, False)] * 80
-    random.Random(11).shuffle(pairs)
-    assert stats.paired_delta_interval_one_repeat(pairs) == stats.newcombe_paired_interval(59, 6, 16, 80)
-
-
 def test_it_keeps_the_paired_interval_inside_its_range_and_around_the_estimate():
     rng = random.Random(12)
     for _ in range(300):
@@ -176,10 +148,6 @@ def test_it_keeps_the_paired_interval_inside_its_range_and_around_the_estimate()
         both, variant_only, baseline_only, neither = cells
         mirrored = stats.newcombe_paired_interval(both, baseline_only, variant_only, neither)
         assert mirrored == pytest.approx((-delta, -high, -low))
-
-
-def test_it_gives_the_uninformative_paired_interval_without_pairs():
-    assert stats.paired_delta_interval_one_repeat([]) == (0.0, -1.0, 1.0)
 
 
 def test_it_reaches_the_edge_when_every_pair_improved():
@@ -212,15 +180,6 @@ def test_it_rejects_p_values_outside_zero_and_one():
 
 
 # --- quantile ---------------------------------------------------------------------------------
-
-
-def test_it_interpolates_quantiles_like_the_inclusive_method():
-    values = sorted(random.Random(13).random() for _ in range(101))
-    expected = statistics.quantiles(values, n=40, method="inclusive")
-    assert [stats.quantile(values, i / 40) for i in range(1, 40)] == pytest.approx(expected)
-    assert stats.quantile([2.0], 0.3) == 2.0
-    with pytest.raises(ValueError):
-        stats.quantile([], 0.5)
 
 
 # --- against statsmodels / scipy / numpy (dev requirements only) -------------------------------
@@ -273,11 +232,3 @@ def test_it_matches_scipys_continuity_corrected_wilson():
         expected = scipy_stats.binomtest(successes, n).proportion_ci(method="wilsoncc")
         got = stats.wilson_cc_interval(successes / n, n, 1.959963984540054)
         assert got == pytest.approx((expected.low, expected.high), abs=1e-12)
-
-
-def test_it_matches_numpy_quantiles():
-    numpy = importlib.import_module("numpy")
-    rng = random.Random(25)
-    values = sorted(rng.gauss(0, 1) for _ in range(257))
-    for q in (0.0, 0.025, 0.5, 0.975, 1.0, rng.random()):
-        assert stats.quantile(values, q) == pytest.approx(float(numpy.quantile(values, q)), abs=1e-12)

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 MARK = uuid.uuid4().hex[:12]
 KEY = f"sk-ant-api03-canary-{MARK}"
+TOKEN = f"auth-token-canary-{MARK}"  # ANTHROPIC_AUTH_TOKEN: held by the gateway too
 CANARY = f"worker-canary-{MARK}"
 
 NETWORK = f"""
@@ -150,7 +151,10 @@ def test_every_attack_of_a_hostile_agent_fails(tmp_path):
         tmp_path, "experiment_id: hostile\nmax_parallel: 2\nvariants:\n  - variant_id: as-written\n"
     )
     purge_broker()
-    worker = WorkerProcess(tmp_path, extra_env={"ANTHROPIC_API_KEY": KEY, "EVALSITE_CANARY": CANARY}).start()
+    worker = WorkerProcess(
+        tmp_path,
+        extra_env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_AUTH_TOKEN": TOKEN, "EVALSITE_CANARY": CANARY},
+    ).start()
     try:
         # The victim first, so it runs beside the thief.
         order = ["victim", "read-another-trial", *[slug for slug in ATTACKS if slug != "read-another-trial"]]
@@ -175,7 +179,7 @@ def test_every_attack_of_a_hostile_agent_fails(tmp_path):
         [t.agent_stdout + t.agent_stderr + t.diff + t.error_message for t in trials.values()]
         + [json.dumps(e.data) for e in TrialEvent.objects.filter(trial__run=run)]
     )
-    for secret in (KEY, CANARY, settings.SECRET_KEY):
+    for secret in (KEY, TOKEN, CANARY, settings.SECRET_KEY):
         encodings = [secret, secret[::-1]] + [
             base64.b64encode((" " * shift + secret).encode()).decode()[4:-4] for shift in range(3)
         ]
