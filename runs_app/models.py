@@ -151,6 +151,11 @@ class Trial(models.Model):
         ERROR = "error"
         CANCELLED = "cancelled"
 
+    class EarlyStop(models.TextChoices):
+        CRITERION_PASSED = "criterion_passed", "an armed criterion passed"
+        CRITERION_FAILED = "criterion_failed", "an armed criterion failed"
+        DECISION_BUDGET_EXCEEDED = "decision_budget_exceeded", "an armed criterion stayed undecided too long"
+
     FINAL_STATUSES = (Status.PASSED, Status.FAILED, Status.ERROR, Status.CANCELLED)
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials")
@@ -191,8 +196,16 @@ class Trial(models.Model):
     error_message = models.TextField(blank=True)
     timed_out = models.BooleanField(default=False)
     budget_exceeded = models.CharField(
-        max_length=30, blank=True, help_text="Which budget stopped the agent: tokens, usd or turns"
+        max_length=30, blank=True, help_text="Which limit stopped the agent: tokens, usd, turns, max_tool_calls, disk..."
     )
+    stopped_early = models.CharField(
+        max_length=30,
+        blank=True,
+        choices=EarlyStop.choices,
+        help_text="Why an armed criterion stopped the agent (coder-eval's early stop)",
+    )
+    # coder-eval's visible turns: tool calls, plus one for a final reply (run_limits.expected_turns).
+    visible_turns = models.PositiveIntegerField(default=0)
     agent_exit_code = models.IntegerField(null=True, blank=True)
     agent_stdout = models.TextField(blank=True)
     agent_stderr = models.TextField(blank=True)
@@ -244,6 +257,14 @@ class Trial(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL_STATUSES
+
+    @property
+    def turns_over_expected(self) -> tuple[int, int] | None:
+        """(visible turns, expected) when the trial took more than run_limits.expected_turns."""
+        expected = (self.config.get("run_limits") or {}).get("expected_turns")
+        if isinstance(expected, int) and self.visible_turns > expected:
+            return self.visible_turns, expected
+        return None
 
     @property
     def total_tokens(self) -> int:

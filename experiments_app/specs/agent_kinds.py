@@ -19,6 +19,8 @@ ENTRY_POINT_GROUP = "evalsite.agents"
 BUILTIN_KINDS = ("none", "oracle", "command", "claude-code", "codex")
 # Agents that produce no trajectory, so criteria reading the agent's commands cannot apply.
 AGENTLESS_KINDS = ("none",)
+# Kinds whose run has no tool calls to watch, so no criterion can stop them early.
+UNWATCHED_KINDS = ("none", "oracle")
 # The kind a task runs when no layer names one (coder-eval's default).
 DEFAULT_KIND = "claude-code"
 

@@ -33,6 +33,19 @@ class BaseCriterion(SpecModel):
     def is_gating(self) -> bool:
         return self.gating if self.gating is not None else self.weight > 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _only_live_criteria_arm(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "stop_early" in data and "stop_early" not in cls.model_fields:
+            raise SpecError(
+                (
+                    ("stop_early",),
+                    "stop_early arms a criterion that can be decided while the agent runs, and only "
+                    "command_executed can (coder-eval's other one, skill_triggered, is not built)",
+                )
+            )
+        return data
+
     @model_validator(mode="after")
     def _path_in_workspace(self) -> BaseCriterion:
         path = getattr(self, "path", None)
@@ -164,6 +177,15 @@ class RunCommand(BaseCriterion):
         return self
 
 
+class StopEarlyPolicy(SpecModel):
+    """coder-eval's per-criterion early stop: the block's presence arms the criterion, so a live
+    fail may end the agent's run; `on_pass: stop` lets a live pass end it too; `decide_within`
+    counts a criterion still undecided after N tool calls as failed."""
+
+    on_pass: Literal["stop", "continue"] = "continue"
+    decide_within: int | None = Field(default=None, ge=1, le=100_000)
+
+
 class CommandExecuted(BaseCriterion):
     type: Literal["command_executed"]
     tool_name: str | None = None
@@ -172,8 +194,23 @@ class CommandExecuted(BaseCriterion):
     min_count: int = Field(default=1, ge=0)
     max_count: int | None = Field(default=None, ge=0)
     require_success: bool = False
+    # The one criterion decidable from a partial trajectory (coder-eval's LiveSuccessCriterion;
+    # its other one, skill_triggered, is not built), so the only one that may be armed.
+    stop_early: StopEarlyPolicy | None = None
 
     requires_agent: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _armed_gates(self) -> CommandExecuted:
+        if self.stop_early is not None and self.weight == 0:
+            raise SpecError(
+                (
+                    ("stop_early",),
+                    "weight 0 makes the criterion informational, so it cannot set a stop_early block "
+                    "(which arms it for a pass/fail gate): give it a non-zero weight, or drop the block",
+                )
+            )
+        return self
 
     @model_validator(mode="after")
     def _counts(self) -> CommandExecuted:

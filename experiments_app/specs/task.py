@@ -246,6 +246,8 @@ class RunLimits(SpecModel):
     count_cache_creation: bool = False
     stop_early: bool | None = None
     stop_early_gate_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
+    # evalsite: tool calls the agent may make; the next one stops it (graded, flagged).
+    max_tool_calls: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class PreRunCommand(SpecModel):
@@ -287,7 +289,6 @@ class DatasetSpec(SpecModel):
     stratify_field: str = "expected_skill"
     sample_per_stratum: int | None = Field(default=None, ge=1)
     sample_seed: int | None = None
-    split_field: str = "split"
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
@@ -415,7 +416,7 @@ class TaskSpec(SpecModel):
         # A resolved trial config may switch a task to an agentless kind (an A/B arm such as
         # `none` or `oracle`): the task keeps its prompt and agent criteria, which then fail.
         resolved = bool(info.context and info.context.get("resolved"))
-        issues = [*_prompt_issues(self, resolved), *_criteria_issues(self, resolved)]
+        issues = [*_prompt_issues(self, resolved), *_criteria_issues(self, resolved), *_early_stop_issues(self)]
         if issues:
             raise SpecError(*issues)
         return self
@@ -435,6 +436,40 @@ def _prompt_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[s
             (
                 ("initial_prompt",),
                 "required: set initial_prompt or initial_prompt_file (only `agent: {type: none}` needs none)",
+            )
+        ]
+    return []
+
+
+def _early_stop_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """coder-eval's resolution checks of early stop (`orchestration/early_stop.py`)."""
+    limits = task.run_limits
+    if limits is not None and limits.stop_early is True:
+        return [
+            (
+                ("run_limits", "stop_early"),
+                "run_limits.stop_early: true was removed in coder-eval: arming is per criterion; put "
+                "a stop_early: block ({}, {on_pass: stop} or {decide_within: N}) on a command_executed "
+                "criterion (run_limits.stop_early: false disarms them all)",
+            )
+        ]
+    armed = any(getattr(c, "stop_early", None) is not None for c in task.success_criteria)
+    if not armed or (limits is not None and limits.stop_early is False):
+        return []
+    if limits is not None and limits.stop_early_gate_threshold <= 0.0:
+        return [
+            (
+                ("run_limits", "stop_early_gate_threshold"),
+                f"must be > 0 on a task with an armed criterion (got {limits.stop_early_gate_threshold}): "
+                "a threshold of 0 passes the armed gate whatever the criteria decided",
+            )
+        ]
+    if task.agent is not None and task.agent.type in agent_kinds.UNWATCHED_KINDS:
+        return [
+            (
+                ("agent", "type"),
+                f"a stop_early criterion watches the agent's tool calls, and agent type {task.agent.type} "
+                "makes none: disarm with run_limits.stop_early: false, or pick another agent type",
             )
         ]
     return []

@@ -16,15 +16,7 @@ Loc = tuple[str | int, ...]
 # (path, what it is in coder-eval, what to do instead)
 _UNBUILT: list[tuple[Loc, str, str]] = [
     (("simulation",), "a simulated user answering the agent", "remove it; multi-turn tasks are not run yet"),
-    (("sandbox", "node"), "a Node.js environment per sandbox", "install what the task needs in pre_run"),
-    (
-        ("sandbox", "python", "env_packages"),
-        "packages installed in the per-sandbox venv",
-        "vendor them in a template source (sandboxes have no network to install from)",
-    ),
     (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
-    (("run_limits", "stop_early"), "stopping the agent once gating criteria pass", "remove it"),
-    (("run_limits", "stop_early_gate_threshold"), "the threshold of stop_early", "remove it"),
     (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
     (
         ("sandbox", "limits", "max_cpus"),
@@ -56,15 +48,6 @@ def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
                     loc,
                     "driver: docker asks for a container, and evalsite runs no container runtime: "
                     "use driver: tempdir (the namespace sandbox)",
-                )
-            )
-    for i, criterion in enumerate(data.get("success_criteria") or []):
-        if isinstance(criterion, dict) and "stop_early" in criterion:
-            found.append(
-                (
-                    ("success_criteria", i, "stop_early"),
-                    "criterion-level stop_early (stopping the agent once it "
-                    "passes) is not built in evalsite: remove it",
                 )
             )
     return found

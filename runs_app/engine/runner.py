@@ -36,8 +36,9 @@ from django.utils import timezone
 
 from experiments_app.models import Bundle
 from experiments_app.specs.bundles import extract_bundle
-from runs_app.engine import agents, criteria, gateway, sandbox, workspace
+from runs_app.engine import agents, criteria, environments, gateway, sandbox, workspace
 from runs_app.engine.agents import base as agent_base
+from runs_app.engine.criteria import live
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class Outcome:
     score: float | None = None
     timed_out: bool = False
     budget_exceeded: str = ""
+    stopped_early: str = ""
+    visible_turns: int = 0
     usage: agent_base.Usage = field(default_factory=agent_base.Usage)
     exit_code: int | None = None
     stdout: str = ""
@@ -236,6 +239,7 @@ class TrialExecution:
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
+        self.early_stop: live.EarlyStop | None = None
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -328,21 +332,48 @@ class TrialExecution:
     def _provide_venv(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
         workspace, with system site packages, first on the PATH of pre_run, post_run and
-        run_command (not the agent's, as in coder-eval). It is a copy of one template per worker
-        host (a venv of symlinks and a pyvenv.cfg: about a millisecond), not a new venv."""
+        run_command (not the agent's, as in coder-eval). It is a copy of one template venv per
+        host (a venv of symlinks and a pyvenv.cfg: about a millisecond), not a new venv. The
+        `env_packages` of `sandbox.python` and `sandbox.node` come from environments built on
+        the host once per requirement set and mounted read-only (`environments`)."""
         self.venv_env: dict[str, str] = {}
-        if (self.config.get("sandbox") or {}).get("python", {}) is None:
-            return
-        target = self.paths.workspace / VENV_DIRNAME
-        if not target.exists():
-            shutil.copytree(venv_template(), target, symlinks=True)
-            if self.paths.uid is not None:
-                os.chown(target, self.paths.uid, self.paths.uid)
-                workspace.chown_tree(target, self.paths.uid, self.paths.uid)
-        self.venv_env = {
-            "VIRTUAL_ENV": str(target),
-            "PATH": os.pathsep.join([str(target / "bin"), os.environ.get("PATH", os.defpath)]),
-        }
+        self.env_mounts: list[sandbox.Mount] = []
+        box = self.config.get("sandbox") or {}
+        root = Path(settings.SANDBOX_ROOT)
+        path = [os.environ.get("PATH", os.defpath)]
+        try:
+            node_env = (box.get("node") or {}).get("env_packages") and environments.node_packages(
+                root, list(box["node"]["env_packages"])
+            )
+            python = box.get("python", {})
+            python_env = (
+                python is not None
+                and python.get("env_packages")
+                and environments.python_packages(root, list(python["env_packages"]))
+            )
+        except environments.InstallError as exc:
+            raise TrialAborted("setup", f"installing the task's env_packages on the worker host: {exc}") from None
+        if node_env:
+            self.env_mounts.append(sandbox.Mount(node_env))
+            link = self.paths.workspace / "node_modules"
+            if not link.exists():
+                link.symlink_to(node_env / "node_modules")
+            path.insert(0, str(link / ".bin"))
+            self.venv_env |= {"NODE_PATH": "", "NPM_CONFIG_PREFIX": str(self.paths.home / ".npm-prefix")}
+        if python is not None:
+            target = self.paths.workspace / VENV_DIRNAME
+            if not target.exists():
+                shutil.copytree(environments.venv_template(root), target, symlinks=True)
+                if python_env:
+                    self.env_mounts.append(sandbox.Mount(python_env))
+                    environments.link_python_packages(target, python_env)
+                if self.paths.uid is not None:
+                    os.chown(target, self.paths.uid, self.paths.uid)
+                    workspace.chown_tree(target, self.paths.uid, self.paths.uid)
+            path.insert(0, str(target / "bin"))
+            self.venv_env["VIRTUAL_ENV"] = str(target)
+        if len(path) > 1:
+            self.venv_env["PATH"] = os.pathsep.join(path)
 
     def _origin(self, lineage_key: str) -> tuple[Path, str]:
         """Where a relative path of this config field resolves: the task's YAML folder, or
@@ -474,6 +505,7 @@ class TrialExecution:
         parser = kind.parser(agent_config)
         run_limits = self.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
+        watcher = live.Watcher.for_config(self.config)
 
         def record_calls() -> None:
             if model_gateway is not None:
@@ -489,10 +521,13 @@ class TrialExecution:
                     state["parse_stopped"] = True
                     self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"})
                 return
-            for event in parser.feed_line(line):
+            events = parser.feed_line(line)
+            for event in events:
                 self.recorder.add(event.kind, event.data)
             if state["limit"] is None:  # what the agent itself reports counts too
                 state["limit"] = agent_base.budget_crossed(parser.usage, run_limits)
+            if state["limit"] is None and any(e.kind in ("tool_call", "tool_result") for e in events):
+                state["limit"] = self._tool_call_limit(parser.tool_calls, run_limits, watcher)
 
         disk = DiskWatch([self.paths.workspace, self.paths.home, self.paths.tmp], self._disk_bytes())
 
@@ -533,11 +568,24 @@ class TrialExecution:
         self.recorder.add(TrialEvent.Kind.USAGE, outcome.usage.as_dict())
         return self._agent_outcome(outcome, result)
 
+    def _tool_call_limit(self, calls: list[dict], run_limits: dict, watcher: live.Watcher | None) -> str | None:
+        """`max_tool_calls` crossed, or an armed criterion decided the trial (coder-eval's early
+        stop): either stops the agent, which is then graded."""
+        most = run_limits.get("max_tool_calls")
+        if most is not None and len(calls) > most:
+            return "max_tool_calls"
+        if watcher is not None and (stop := watcher.observe(criteria.graded_calls(calls))):
+            self.early_stop = stop
+            self.recorder.add(TrialEvent.Kind.SYSTEM, stop.event())
+            return "early_stop"
+        return None
+
     def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:
         self.agent = agent
         cap = settings.AGENT_OUTPUT_CAP_BYTES
         outcome = Outcome(
             Trial.Status.RUNNING,
+            visible_turns=len(agent.tool_calls) + (1 if agent.final_text else 0),
             usage=agent.usage,
             exit_code=agent.exit_code,
             stdout=_redact(result.stdout[:cap], self.secret_values) if result else "",
@@ -553,6 +601,8 @@ class TrialExecution:
             outcome.status = Trial.Status.ERROR
             outcome.error_category = agent.error_category or "agent_error"
             outcome.error_message = _redact(agent.error or "the agent failed", self.secret_values)
+        elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
+            outcome.stopped_early = self.early_stop.reason
         elif agent.status == agent_base.LIMIT:
             outcome.timed_out = agent.limit == "timeout"
             outcome.budget_exceeded = "" if agent.limit == "timeout" else (agent.limit or "")
@@ -560,10 +610,7 @@ class TrialExecution:
 
     def grade(self, outcome: Outcome) -> None:
         agent = self.agent
-        tool_calls = [
-            {**call, "is_error": call.get("status") == "error"} if "status" in call else call
-            for call in agent.tool_calls
-        ]
+        tool_calls = criteria.graded_calls(agent.tool_calls)
         context = criteria.GradingContext(
             workspace=self.paths.workspace,
             tool_calls=tool_calls,
@@ -574,7 +621,12 @@ class TrialExecution:
             task_dir=self.task_bundle_dir / self.task_yaml_dir,
             reference_dir=self._reference_dir(),
         )
-        result = criteria.grade(self.config.get("success_criteria") or [], context)
+        specs = self.config.get("success_criteria") or []
+        result = criteria.grade(specs, context)
+        if outcome.stopped_early:
+            result.passed = not result.error and live.armed_gate_passed(
+                specs, result.criteria, live.gate_threshold(self.config)
+            )
         outcome.criteria = result.criteria
         outcome.score = result.score
         if result.error:
@@ -648,7 +700,7 @@ class TrialExecution:
     ) -> sandbox.ProcessResult:
         """One command in the trial's sandbox: its workspace, HOME and /tmp, plus `mounts`; with
         `via`, behind that gateway (the forwarder on the sandbox's loopback, its socket mounted)."""
-        mounts = [sandbox.Mount(self.paths.home, writable=True), *(mounts or [])]
+        mounts = [sandbox.Mount(self.paths.home, writable=True), *getattr(self, "env_mounts", []), *(mounts or [])]
         extra = dict(extra or {})
         if via is not None:
             argv = gateway.wrap_command(list(argv), via.socket_path, sys.executable)
@@ -788,6 +840,8 @@ class TrialExecution:
             "error_message": _redact(outcome.error_message, self.secret_values),
             "timed_out": outcome.timed_out,
             "budget_exceeded": outcome.budget_exceeded,
+            "stopped_early": outcome.stopped_early,
+            "visible_turns": outcome.visible_turns,
             "agent_exit_code": outcome.exit_code,
             "agent_stdout": outcome.stdout,
             "agent_stderr": outcome.stderr,
@@ -821,25 +875,6 @@ class TrialExecution:
 
 
 VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
-
-
-def venv_template() -> Path:
-    """This host's template venv (the system python3, system site packages, no pip), made once."""
-    template = Path(settings.SANDBOX_ROOT) / "venv-template"
-    if not (template / "pyvenv.cfg").exists():
-        python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
-        template.parent.mkdir(parents=True, exist_ok=True)
-        staging = template.with_name(f"venv-template.{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        subprocess.run(
-            [python, "-m", "venv", "--system-site-packages", "--without-pip", str(staging)],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-        try:
-            staging.rename(template)  # atomic: a concurrent maker's template wins, this one goes
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-    return template
 
 
 def sweep_sandboxes() -> int:

@@ -115,11 +115,8 @@ def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("sandbox", {"node": {"env_packages": ["left-pad"]}}),
-        ("sandbox", {"python": {"env_packages": ["requests"]}}),
         ("sandbox", {"driver": "docker"}),
         ("sandbox", {"docker": {"image": "python:3.12"}}),
-        ("run_limits", {"stop_early": True}),
         ("expected_commands", 3),
         ("sandbox", {"limits": {"max_cpus": 2}}),
     ],
@@ -128,6 +125,63 @@ def test_it_refuses_each_coder_eval_feature_it_does_not_run(field, value):
     data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], field: value}
     with pytest.raises(ValidationError, match="is not built in evalsite|runs no container runtime"):
         TaskSpec.model_validate(data)
+
+
+ARMED = {"type": "command_executed", "command_pattern": "rm", "min_count": 0, "max_count": 0}
+
+
+@pytest.mark.parametrize(
+    ("changes", "where", "says"),
+    [
+        ({"run_limits": {"stop_early": True}}, ("run_limits", "stop_early"), "arming is per criterion"),
+        (
+            {"run_limits": {"stop_early_gate_threshold": 0.0}},
+            ("run_limits", "stop_early_gate_threshold"),
+            "must be > 0",
+        ),
+        ({"agent": {"type": "oracle"}}, ("agent", "type"), "watches the agent's tool calls"),
+        ({"success_criteria": [{**ARMED, "weight": 0, "stop_early": {}}]}, ("success_criteria", 0), "weight 0"),
+        (
+            {"success_criteria": [{**CRITERION, "stop_early": {}}]},
+            ("success_criteria", 0),
+            "only command_executed can",
+        ),
+        (
+            {"success_criteria": [{**ARMED, "stop_early": {"on_pass": "halt"}}]},
+            ("success_criteria", 0),
+            "'stop' or 'continue'",
+        ),
+    ],
+)
+def test_it_refuses_early_stop_set_up_as_coder_eval_refuses_it(changes, where, says):
+    data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [{**ARMED, "stop_early": {}}]}
+    with pytest.raises(ValidationError) as caught:
+        TaskSpec.model_validate({**data, **changes})
+    found = errors(caught.value)
+    assert any(loc[: len(where)] == where and says in message for loc, message in found), found
+
+
+def test_an_armed_task_takes_every_early_stop_knob_and_the_kill_switch():
+    armed = {**ARMED, "stop_early": {"on_pass": "continue", "decide_within": 3}}
+    task = TaskSpec.model_validate(
+        {
+            "task_id": "t",
+            "initial_prompt": "x",
+            "run_limits": {"stop_early_gate_threshold": 0.5, "max_tool_calls": 40, "expected_turns": 9},
+            "success_criteria": [armed],
+        }
+    )
+    assert task.success_criteria[0].stop_early.decide_within == 3
+    # the kill switch disarms, so what arming would refuse (an oracle) is fine
+    TaskSpec.model_validate(
+        {
+            "task_id": "t",
+            "initial_prompt": "x",
+            "agent": {"type": "oracle"},
+            "run_limits": {"stop_early": False},
+            "success_criteria": [armed],
+        }
+    )
 
 
 def test_it_reports_several_cross_field_problems_at_once():

@@ -53,6 +53,7 @@ from runs_app.engine.criteria.base import (
     GradingContext,
     clamp_score,
 )
+from runs_app.engine.criteria.commands import graded_calls
 from runs_app.engine.criteria.suite import SuiteRollup, suite_passed, suite_rollup
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "SuiteRollup",
     "check_params",
     "grade",
+    "graded_calls",
     "registry",
     "suite_passed",
     "suite_rollup",

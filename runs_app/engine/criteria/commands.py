@@ -119,8 +119,11 @@ def check_command_executed(params: dict) -> None:
     allow_only(
         params,
         what,
-        {"tool_name", "command_pattern", "exclude_pattern", "min_count", "max_count", "require_success"},
-    )
+        {
+            "tool_name", "command_pattern", "exclude_pattern", "min_count", "max_count",
+            "require_success", "stop_early",
+        },
+    )  # fmt: skip
     opt_str(params, "tool_name", what)
     for key in ("command_pattern", "exclude_pattern"):
         pattern = opt_str(params, key, what)
@@ -131,6 +134,14 @@ def check_command_executed(params: dict) -> None:
     if max_count is not None and max_count < min_count:
         raise CriterionConfigError(f"{what}: max_count ({max_count}) must be >= min_count ({min_count})")
     opt_bool(params, "require_success", what, False)
+    policy = params.get("stop_early")
+    if policy is not None:
+        if not isinstance(policy, dict):
+            raise CriterionConfigError(f"{what}: 'stop_early' must be a mapping")
+        allow_only(policy, f"{what}.stop_early", {"on_pass", "decide_within"})
+        if policy.get("on_pass", "continue") not in ("stop", "continue"):
+            raise CriterionConfigError(f"{what}: 'stop_early.on_pass' must be stop or continue")
+        opt_int(policy, "decide_within", f"{what}.stop_early", None, minimum=1)
 
 
 def _unwrap_shell(command: str) -> str | None:
@@ -168,7 +179,13 @@ def _haystacks(call: dict) -> tuple[list[str], str]:
     return [blob[:MAX_SEARCH_CHARS]], f"{name}({cap(blob, 120)})"
 
 
-def _matching_calls(params: dict, calls: list[dict]) -> list[str]:
+def graded_calls(calls: list[dict]) -> list[dict]:
+    """An agent's tool calls as criteria read them: `is_error` False only for a call whose result
+    said success (a call still pending, or never answered, did not succeed)."""
+    return [{**call, "is_error": call.get("status") != "success"} if "status" in call else call for call in calls]
+
+
+def matching_calls(params: dict, calls: list[dict]) -> list[str]:
     pattern = params.get("command_pattern")
     exclude = params.get("exclude_pattern")
     matched = []
@@ -191,7 +208,7 @@ def evaluate_command_executed(params: dict, ctx: GradingContext) -> tuple[float,
     """Without max_count: min(1, matches / min_count) (1.0 when min_count is 0).
     With max_count: binary, min_count <= matches <= max_count ("must NOT run": 0 and 0).
     """
-    matched = _matching_calls(params, ctx.tool_calls)
+    matched = matching_calls(params, ctx.tool_calls)
     count, min_count, max_count = len(matched), params.get("min_count", 1), params.get("max_count")
     if max_count is None:
         score = 1.0 if min_count == 0 else min(1.0, count / min_count)

@@ -439,3 +439,37 @@ def test_commands_get_coder_evals_per_sandbox_venv_unless_python_is_null(tmp_pat
 
     for trial in Trial.objects.filter(run=run):
         assert trial.status == "passed", (trial.task_version.task.slug, trial.error_message)
+
+
+def test_env_packages_are_installed_once_per_host_and_mounted_read_only(tmp_path, celery_worker_process):
+    # The agent tries to overwrite both packages (it reaches .venv and node_modules in its
+    # workspace); the criteria pass only if the packages still work unchanged.
+    tamper = (
+        ".venv/bin/python -c \"import tomli_w, pathlib; pathlib.Path(tomli_w.__file__).write_text('x')\"; "
+        "echo 'module.exports = 1' > node_modules/is-number/index.js; "
+        "rm -rf node_modules/is-number; true"
+    )
+    for slug in ("packages-a", "packages-b"):
+        make_task(
+            tmp_path,
+            slug,
+            f"task_id: {slug}\ninitial_prompt: go\n"
+            "sandbox:\n  python: {env_packages: [tomli-w==1.0.0]}\n  node: {env_packages: [is-number@7.0.0]}\n"
+            "pre_run:\n  - command: python -c 'import tomli_w'\n"
+            "success_criteria:\n"
+            "  - {type: run_command, command: 'python -c \"import tomli_w; assert tomli_w.dumps({})==str()\"'}\n"
+            "  - type: run_command\n"
+            "    command: node -e \"if (require('is-number')(5) !== true) process.exit(1)\"\n",
+        )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        f"experiment_id: packages\nvariants:\n  - variant_id: v\n    agent: {{type: command, command: {json.dumps(tamper)}}}\n",
+    )
+
+    run = wait_for_run(launch_run(experiment), timeout=240, worker=celery_worker_process)
+
+    for trial in Trial.objects.filter(run=run):
+        assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-500:])
+    envs = sorted(p.name.split("-")[0] for p in (Path(settings.SANDBOX_ROOT) / "envs").iterdir() if p.is_dir())
+    assert envs == ["node", "python"]  # one of each for the two tasks
