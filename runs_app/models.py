@@ -196,7 +196,9 @@ class Trial(models.Model):
     error_message = models.TextField(blank=True)
     timed_out = models.BooleanField(default=False)
     budget_exceeded = models.CharField(
-        max_length=30, blank=True, help_text="Which limit stopped the agent: tokens, usd, turns, max_tool_calls, disk..."
+        max_length=30,
+        blank=True,
+        help_text="Which limit stopped the agent: tokens, usd, turns, max_tool_calls, disk...",
     )
     stopped_early = models.CharField(
         max_length=30,

@@ -416,7 +416,11 @@ class TaskSpec(SpecModel):
         # A resolved trial config may switch a task to an agentless kind (an A/B arm such as
         # `none` or `oracle`): the task keeps its prompt and agent criteria, which then fail.
         resolved = bool(info.context and info.context.get("resolved"))
-        issues = [*_prompt_issues(self, resolved), *_criteria_issues(self, resolved), *_early_stop_issues(self)]
+        issues = [
+            *_prompt_issues(self, resolved),
+            *_criteria_issues(self, resolved),
+            *_early_stop_issues(self),
+        ]
         if issues:
             raise SpecError(*issues)
         return self

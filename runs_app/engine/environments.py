@@ -68,7 +68,9 @@ def python_packages(root: Path, packages: list[str]) -> Path:
     def build(target: Path) -> None:
         if uv:
             _install([uv, "venv", "--system-site-packages", "--python", python, str(target)], "uv venv")
-            _install([uv, "pip", "install", "--python", str(target / "bin/python"), *packages], "uv pip install")
+            _install(
+                [uv, "pip", "install", "--python", str(target / "bin/python"), *packages], "uv pip install"
+            )
         else:
             _install([python, "-m", "venv", "--system-site-packages", "--without-pip", str(target)], "venv")
             pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python"]
@@ -99,7 +101,9 @@ def node_packages(root: Path, packages: list[str]) -> Path:
 def link_python_packages(venv: Path, env: Path) -> None:
     """Make the trial's `.venv` see `env`'s packages and scripts."""
     site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "evalsite-env-packages.pth").write_text(str(next((env / "lib").glob("python3*/site-packages"))) + "\n")
+    (site / "evalsite-env-packages.pth").write_text(
+        str(next((env / "lib").glob("python3*/site-packages"))) + "\n"
+    )
     for script in (env / "bin").iterdir():
         link = venv / "bin" / script.name
         if not link.exists() and not link.is_symlink():
@@ -127,7 +131,7 @@ def _built(target: Path, build) -> Path:
 def _readable_by_all(target: Path) -> None:
     """Sandboxes run as another user, and the worker's umask may be 077: a+rX over the tree."""
     os.chmod(target.parent, 0o755)
-    for dirpath, dirnames, filenames in os.walk(target):
+    for dirpath, _dirnames, filenames in os.walk(target):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             path = os.path.join(dirpath, name)

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -352,7 +351,9 @@ class TrialExecution:
                 and environments.python_packages(root, list(python["env_packages"]))
             )
         except environments.InstallError as exc:
-            raise TrialAborted("setup", f"installing the task's env_packages on the worker host: {exc}") from None
+            raise TrialAborted(
+                "setup", f"installing the task's env_packages on the worker host: {exc}"
+            ) from None
         if node_env:
             self.env_mounts.append(sandbox.Mount(node_env))
             link = self.paths.workspace / "node_modules"
@@ -568,7 +569,9 @@ class TrialExecution:
         self.recorder.add(TrialEvent.Kind.USAGE, outcome.usage.as_dict())
         return self._agent_outcome(outcome, result)
 
-    def _tool_call_limit(self, calls: list[dict], run_limits: dict, watcher: live.Watcher | None) -> str | None:
+    def _tool_call_limit(
+        self, calls: list[dict], run_limits: dict, watcher: live.Watcher | None
+    ) -> str | None:
         """`max_tool_calls` crossed, or an armed criterion decided the trial (coder-eval's early
         stop): either stops the agent, which is then graded."""
         most = run_limits.get("max_tool_calls")
@@ -700,7 +703,11 @@ class TrialExecution:
     ) -> sandbox.ProcessResult:
         """One command in the trial's sandbox: its workspace, HOME and /tmp, plus `mounts`; with
         `via`, behind that gateway (the forwarder on the sandbox's loopback, its socket mounted)."""
-        mounts = [sandbox.Mount(self.paths.home, writable=True), *getattr(self, "env_mounts", []), *(mounts or [])]
+        mounts = [
+            sandbox.Mount(self.paths.home, writable=True),
+            *getattr(self, "env_mounts", []),
+            *(mounts or []),
+        ]
         extra = dict(extra or {})
         if via is not None:
             argv = gateway.wrap_command(list(argv), via.socket_path, sys.executable)

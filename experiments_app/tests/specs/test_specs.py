@@ -140,7 +140,11 @@ ARMED = {"type": "command_executed", "command_pattern": "rm", "min_count": 0, "m
             "must be > 0",
         ),
         ({"agent": {"type": "oracle"}}, ("agent", "type"), "watches the agent's tool calls"),
-        ({"success_criteria": [{**ARMED, "weight": 0, "stop_early": {}}]}, ("success_criteria", 0), "weight 0"),
+        (
+            {"success_criteria": [{**ARMED, "weight": 0, "stop_early": {}}]},
+            ("success_criteria", 0),
+            "weight 0",
+        ),
         (
             {"success_criteria": [{**CRITERION, "stop_early": {}}]},
             ("success_criteria", 0),

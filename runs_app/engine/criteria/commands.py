@@ -182,7 +182,9 @@ def _haystacks(call: dict) -> tuple[list[str], str]:
 def graded_calls(calls: list[dict]) -> list[dict]:
     """An agent's tool calls as criteria read them: `is_error` False only for a call whose result
     said success (a call still pending, or never answered, did not succeed)."""
-    return [{**call, "is_error": call.get("status") != "success"} if "status" in call else call for call in calls]
+    return [
+        {**call, "is_error": call.get("status") != "success"} if "status" in call else call for call in calls
+    ]
 
 
 def matching_calls(params: dict, calls: list[dict]) -> list[str]:

@@ -92,11 +92,10 @@ class Watcher:
         self.weights = [float(c.get("weight", 1.0)) for _, c in self.armed]
         self.decidable = [_polarities(c) for _, c in self.armed]
         policies = [c["stop_early"] for _, c in self.armed]
-        self.pass_trigger = [
-            p.get("on_pass", "continue") == "stop" and PASS in pol for p, pol in zip(policies, self.decidable)
-        ]
+        pairs = list(zip(policies, self.decidable, strict=True))
+        self.pass_trigger = [p.get("on_pass", "continue") == "stop" and PASS in pol for p, pol in pairs]
         self.fail_trigger = [FAIL in pol for pol in self.decidable]
-        self.budget = [p.get("decide_within") if PASS in pol else None for p, pol in zip(policies, self.decidable)]
+        self.budget = [p.get("decide_within") if PASS in pol else None for p, pol in pairs]
         self.latched = [UNDECIDED] * len(self.armed)
         self.expired = [False] * len(self.armed)
         self.previous = [UNDECIDED] * len(self.armed)
@@ -133,11 +132,13 @@ class Watcher:
 
     def _judge(self, calls: list[dict]) -> EarlyStop | None:
         verdicts = self._verdicts(calls)
-        may_pass_undecided = [v == UNDECIDED and PASS in pol for v, pol in zip(verdicts, self.decidable)]
+        decidable = zip(verdicts, self.decidable, strict=True)
+        may_pass_undecided = [v == UNDECIDED and PASS in pol for v, pol in decidable]
         if not any(may_pass_undecided):
-            native = [k for k, v in enumerate(verdicts) if v == FAIL and self.fail_trigger[k] and not self.expired[k]]
-            timed_out = [k for k, v in enumerate(verdicts) if v == FAIL and self.expired[k]]
-            ceiling = sum(w for w, v in zip(self.weights, verdicts) if v != FAIL) / sum(self.weights)
+            failed = [k for k, v in enumerate(verdicts) if v == FAIL]
+            native = [k for k in failed if self.fail_trigger[k] and not self.expired[k]]
+            timed_out = [k for k in failed if self.expired[k]]
+            ceiling = 1 - sum(self.weights[k] for k in failed) / sum(self.weights)
             if (native or timed_out) and ceiling < self.threshold:
                 reason = CRITERION_FAILED if native else DECISION_BUDGET_EXCEEDED
                 return self._fire(reason, (native or timed_out)[0], len(calls))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from runs_app.engine.criteria import graded_calls
+from runs_app.engine.criteria import CriterionResult, graded_calls
 from runs_app.engine.criteria.live import (
     CRITERION_FAILED,
     CRITERION_PASSED,
@@ -13,7 +13,6 @@ from runs_app.engine.criteria.live import (
     Watcher,
     armed_gate_passed,
 )
-from runs_app.engine.criteria import CriterionResult
 
 
 def call(command: str, status: str = "success") -> dict:
@@ -80,8 +79,26 @@ def test_a_pending_call_never_counts_as_a_success():
 def test_an_early_stopped_trial_gates_on_the_armed_criteria_only():
     criteria = [crit("pytest", stop_early={}), {"type": "file_exists", "path": "x"}]
     results = [
-        CriterionResult(index=0, type="command_executed", description="", score=1.0, passed=True, weight=1, pass_threshold=0.9, gating=True),
-        CriterionResult(index=1, type="file_exists", description="", score=0.0, passed=False, weight=1, pass_threshold=0.9, gating=True),
+        CriterionResult(
+            index=0,
+            type="command_executed",
+            description="",
+            score=1.0,
+            passed=True,
+            weight=1,
+            pass_threshold=0.9,
+            gating=True,
+        ),
+        CriterionResult(
+            index=1,
+            type="file_exists",
+            description="",
+            score=0.0,
+            passed=False,
+            weight=1,
+            pass_threshold=0.9,
+            gating=True,
+        ),
     ]
     assert armed_gate_passed(criteria, results, 1.0)
     results[0].passed = False
@@ -100,11 +117,11 @@ def _bash(command: str) -> dict:
     return {"type": "tool_call", "name": "Bash", "input": {"command": command}, "status": "success"}
 
 
+NO_RM = "{type: command_executed, command_pattern: 'rm -rf', min_count: 0, max_count: 0, stop_early: {}}"
 CASES = {
     # slug: (criteria YAML, run_limits YAML, agent lines)
     "forbidden": (
-        "  - {type: command_executed, command_pattern: 'rm -rf', min_count: 0, max_count: 0, stop_early: {}}\n"
-        "  - {type: file_exists, path: out.txt}\n",
+        f"  - {NO_RM}\n  - {{type: file_exists, path: out.txt}}\n",
         "",
         [_bash("ls"), _bash("rm -rf build")],
     ),
@@ -125,7 +142,7 @@ CASES = {
         [_bash("ls"), _bash("ls"), _bash("ls")],
     ),
     "disarmed": (
-        "  - {type: command_executed, command_pattern: 'rm -rf', min_count: 0, max_count: 0, stop_early: {}}\n",
+        f"  - {NO_RM}\n",
         "run_limits: {stop_early: false}\n",
         [_bash("rm -rf build")],
     ),
@@ -151,11 +168,16 @@ def test_armed_criteria_and_max_tool_calls_stop_real_agents_at_the_deciding_call
             f"agent: {{type: command, command: {agent}}}\nsuccess_criteria:\n{criteria}",
         )
     import_folder_tasks(tmp_path)
-    experiment = make_experiment(tmp_path, "experiment_id: early\nmax_parallel: 5\nvariants:\n  - variant_id: v\n")
+    experiment = make_experiment(
+        tmp_path, "experiment_id: early\nmax_parallel: 5\nvariants:\n  - variant_id: v\n"
+    )
 
     run = wait_for_run(launch_run(experiment), timeout=90, worker=celery_worker_process)
 
-    trials = {t.task_version.task.slug: t for t in Trial.objects.filter(run=run).select_related("task_version__task")}
+    trials = {
+        t.task_version.task.slug: t
+        for t in Trial.objects.filter(run=run).select_related("task_version__task")
+    }
     got = {
         slug: (t.status, t.stopped_early, t.budget_exceeded, t.agent_seconds < 5)
         for slug, t in trials.items()

@@ -454,22 +454,27 @@ def test_env_packages_are_installed_once_per_host_and_mounted_read_only(tmp_path
             tmp_path,
             slug,
             f"task_id: {slug}\ninitial_prompt: go\n"
-            "sandbox:\n  python: {env_packages: [tomli-w==1.0.0]}\n  node: {env_packages: [is-number@7.0.0]}\n"
+            "sandbox:\n  python: {env_packages: [tomli-w==1.0.0]}\n"
+            "  node: {env_packages: [is-number@7.0.0]}\n"
             "pre_run:\n  - command: python -c 'import tomli_w'\n"
             "success_criteria:\n"
-            "  - {type: run_command, command: 'python -c \"import tomli_w; assert tomli_w.dumps({})==str()\"'}\n"
+            "  - type: run_command\n"
+            '    command: python -c "import tomli_w; assert tomli_w.dumps({}) == str()"\n'
             "  - type: run_command\n"
             "    command: node -e \"if (require('is-number')(5) !== true) process.exit(1)\"\n",
         )
     import_folder_tasks(tmp_path)
     experiment = make_experiment(
         tmp_path,
-        f"experiment_id: packages\nvariants:\n  - variant_id: v\n    agent: {{type: command, command: {json.dumps(tamper)}}}\n",
+        "experiment_id: packages\nvariants:\n  - variant_id: v\n"
+        f"    agent: {{type: command, command: {json.dumps(tamper)}}}\n",
     )
 
     run = wait_for_run(launch_run(experiment), timeout=240, worker=celery_worker_process)
 
     for trial in Trial.objects.filter(run=run):
         assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-500:])
-    envs = sorted(p.name.split("-")[0] for p in (Path(settings.SANDBOX_ROOT) / "envs").iterdir() if p.is_dir())
+    envs = sorted(
+        p.name.split("-")[0] for p in (Path(settings.SANDBOX_ROOT) / "envs").iterdir() if p.is_dir()
+    )
     assert envs == ["node", "python"]  # one of each for the two tasks
