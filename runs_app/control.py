@@ -189,6 +189,21 @@ def finish_run(run_id: int) -> Run:
     return run
 
 
+def rejudge_run(run_id: int) -> Run:
+    """Recount an ended run and judge its suites and gates again (after `evaluate` re-graded
+    some of its trials); its status and end time stay."""
+    run = Run.objects.get(pk=run_id)
+    suite_results = evaluate_suites(run)
+    gate_results = _judge_gates(run, suite_results)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        run.refresh_counts()
+        run.suite_results, run.gate_results = suite_results, gate_results
+        run.gates_passed = gates.all_passed(gate_results)
+        run.save(update_fields=["suite_results", "gate_results", "gates_passed"])
+    return run
+
+
 def _judge_gates(run: Run, suite_results: list[dict]) -> list[dict]:
     if not run.gates:
         return []

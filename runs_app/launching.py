@@ -360,3 +360,21 @@ def _frozen_config(experiment, variants, versions, options: LaunchOptions, seed:
         "evalsite": evalsite.__version__,
         "launched_at": timezone.now().isoformat(),
     }
+
+
+def current_criteria(trial: Trial, version: TaskVersion) -> list[dict]:
+    """The success criteria `trial` would get from `version` of its task, with the layers its
+    run froze (experiment defaults, its variant, the overrides) and its dataset row."""
+    frozen = trial.run.config or {}
+    variant_layer = next(
+        (v["layer"] for v in frozen.get("variants", []) if v["slug"] == trial.variant.slug),
+        trial.variant.layer(),
+    )
+    defaults = (frozen.get("experiment") or {}).get("defaults") or {}
+    layers = trial_layers(
+        _task_layer(version), defaults, variant_layer, _override_layer(rerun_options(trial.run))
+    )
+    config = resolve(layers).config
+    if trial.dataset_row is not None:
+        config = _substitute_row(config, trial.dataset_row, version.task.slug, trial.dataset_row_id)
+    return config.get("success_criteria") or []

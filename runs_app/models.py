@@ -208,6 +208,9 @@ class Trial(models.Model):
     )
     # coder-eval's visible turns: tool calls, plus one for a final reply (run_limits.expected_turns).
     visible_turns = models.PositiveIntegerField(default=0)
+    # What the criteria read of the agent's run ({"tool_calls": [...], "final_text": ...}), so
+    # `manage.py evaluate` can grade the trial again with other criteria.
+    trajectory = models.JSONField(null=True, blank=True)
     agent_exit_code = models.IntegerField(null=True, blank=True)
     agent_stdout = models.TextField(blank=True)
     agent_stderr = models.TextField(blank=True)

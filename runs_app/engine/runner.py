@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TASK_TIMEOUT = 600
 FLUSH_EVERY_SECONDS = 0.5
 MAX_PARSED_BYTES = 64 << 20
+# The final reply kept with the trajectory criteria read (for `evaluate` to grade it again).
+FINAL_TEXT_CAP = 100_000
 # Model APIs the gateway serves: the worker's variables for the key and the endpoint, and the
 # endpoint used when none is set.
 MODEL_APIS = {
@@ -72,6 +74,7 @@ class Outcome:
     budget_exceeded: str = ""
     stopped_early: str = ""
     visible_turns: int = 0
+    trajectory: dict | None = None
     usage: agent_base.Usage = field(default_factory=agent_base.Usage)
     exit_code: int | None = None
     stdout: str = ""
@@ -297,6 +300,20 @@ class TrialExecution:
     def setup(self) -> None:
         if (self.config.get("sandbox") or {}).get("driver") == "docker":  # launches refuse these
             raise TrialAborted("setup", "sandbox.driver: docker: this worker runs no containers")
+        self.prepare()
+        sources = (self.config.get("sandbox") or {}).get("template_sources") or []
+        for index, source in enumerate(sources):
+            bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
+            workspace.materialize(
+                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns(),
+                first_index=index, git=self._git,
+            )  # fmt: skip
+        self._provide_venv()
+        self.recorder.phase("pre_run")
+        self.run_steps("pre_run", fatal=True)
+
+    def prepare(self) -> None:
+        """The trial's sandbox folders and its task (and experiment) bundle."""
         token = uuid.uuid4().hex[:8]
         root = Path(settings.SANDBOX_ROOT) / f"trial-{self.trial.pk}-a{self.trial.attempt}-{token}"
         Path(settings.SANDBOX_ROOT).mkdir(parents=True, exist_ok=True)
@@ -317,16 +334,6 @@ class TrialExecution:
             for bundle_dir in filter(None, (self.task_bundle_dir, self.experiment_bundle_dir)):
                 os.chown(bundle_dir, self.paths.uid, self.paths.uid)
                 workspace.chown_tree(bundle_dir, self.paths.uid, self.paths.uid)
-        sources = (self.config.get("sandbox") or {}).get("template_sources") or []
-        for index, source in enumerate(sources):
-            bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
-            workspace.materialize(
-                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns(),
-                first_index=index, git=self._git,
-            )  # fmt: skip
-        self._provide_venv()
-        self.recorder.phase("pre_run")
-        self.run_steps("pre_run", fatal=True)
 
     def _provide_venv(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
@@ -626,6 +633,7 @@ class TrialExecution:
         )
         specs = self.config.get("success_criteria") or []
         result = criteria.grade(specs, context)
+        outcome.trajectory = {"tool_calls": tool_calls, "final_text": agent.final_text[:FINAL_TEXT_CAP]}
         if outcome.stopped_early:
             result.passed = not result.error and live.armed_gate_passed(
                 specs, result.criteria, live.gate_threshold(self.config)
@@ -849,6 +857,7 @@ class TrialExecution:
             "budget_exceeded": outcome.budget_exceeded,
             "stopped_early": outcome.stopped_early,
             "visible_turns": outcome.visible_turns,
+            "trajectory": outcome.trajectory,
             "agent_exit_code": outcome.exit_code,
             "agent_stdout": outcome.stdout,
             "agent_stderr": outcome.stderr,

@@ -34,6 +34,7 @@ import evalsite
 from experiments_app.definitions import add_recorded_variants, recorded_experiment, store_recorded_task
 from experiments_app.models import Experiment, Task, TaskVersion, Variant
 from experiments_app.specs import TaskSpec
+from experiments_app.specs.task import TASK_ID_RE
 from runs_app.launching import trial_fingerprint
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
@@ -169,7 +170,7 @@ def _read_trial(directory: Path, path: Path, problems: list[str]) -> RecordedTri
     if len(problems) > here:
         return None
     slug, _, row_id = task_id.partition("/")  # dataset rows: "suite_id/row_id"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", slug) or len(slug) > 200:
+    if not TASK_ID_RE.match(slug) or len(slug) > 200:
         problems.append(f"{path}: task_id: {task_id!r} cannot be an evalsite task slug")
         return None
     variant = str(data.get("variant_id") or parts[0])

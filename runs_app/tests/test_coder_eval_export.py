@@ -1,0 +1,85 @@
+"""`manage.py export_coder_eval_run`: a run written as a coder-eval run directory reads back
+through the importer with the same outcomes, scores and tokens."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from runs_app.importers.coder_eval import import_coder_eval_run
+from runs_app.launching import launch_run
+from runs_app.models import Trial
+from runs_app.tests.engine.test_runner_worker import wait_for_run
+from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+USAGE = '{"type": "usage", "input_tokens": 120, "output_tokens": 30, "cost_usd": 0.002}'
+CALL = '{"type": "tool_call", "name": "Bash", "input": {"command": "echo hi > out.txt"}, "status": "success"}'
+
+
+def exported_run(tmp_path, worker):
+    make_task(
+        tmp_path,
+        "writes",
+        "task_id: writes\ninitial_prompt: go\nsuccess_criteria:\n"
+        "  - {type: file_exists, path: out.txt}\n  - {type: command_executed, command_pattern: echo}\n",
+    )
+    make_task(
+        tmp_path,
+        "rows",
+        "task_id: rows\ninitial_prompt: 'say ${row.word}'\n"
+        "dataset: {rows: [{id: a, word: hi}, {id: b, word: bye}]}\n"
+        "success_criteria:\n  - {type: file_contains, path: out.txt, includes: ['${row.word}']}\n",
+    )
+    import_folder_tasks(tmp_path)
+    good = json.dumps(f"echo {json.dumps(USAGE)}; echo {json.dumps(CALL)}; echo hi > out.txt")
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: exported\ndefaults: {repeats: 2}\nvariants:\n"
+        f"  - variant_id: good\n    agent: {{type: command, command: {good}}}\n"
+        "  - variant_id: idle\n    agent: {type: command, command: 'true'}\n",
+    )
+    return wait_for_run(launch_run(experiment), timeout=90, worker=worker)
+
+
+def test_an_exported_run_reads_back_with_the_same_outcomes(tmp_path, celery_worker_process):
+    run = exported_run(tmp_path, celery_worker_process)
+    target = tmp_path / "exported"
+    out = io.StringIO()
+
+    call_command("export_coder_eval_run", str(run.pk), str(target), stdout=out)
+
+    assert "wrote 12 trial(s)" in out.getvalue()
+    summary = json.loads((target / "run.json").read_text())
+    assert (summary["tasks_run"], summary["tasks_succeeded"]) == (12, run.n_passed)
+    document = json.loads((target / "good/rows/a/01/task.json").read_text())
+    assert document["task_id"] == "rows/a" and document["final_status"] == "SUCCESS"
+    assert document["iterations"][0]["user_input"] == "say hi"
+    assert json.loads((target / "good/rows/b/01/task.json").read_text())["final_status"] == "FAILURE"
+    writes = json.loads((target / "good/writes/00/task.json").read_text())
+    assert writes["iterations"][0]["commands"][0]["parameters"] == {"command": "echo hi > out.txt"}
+
+    report = import_coder_eval_run(target, experiment_slug="exported-back")
+
+    key = lambda t: (t.variant.slug, t.task_version.task.slug, t.dataset_row_id, t.replicate)  # noqa: E731
+    fields = lambda t: (t.status, t.score, t.input_tokens, t.output_tokens, round(t.cost_usd, 6))  # noqa: E731
+    original = {
+        key(t): fields(t)
+        for t in Trial.objects.filter(run=run).select_related("variant", "task_version__task")
+    }
+    back = {
+        key(t): fields(t)
+        for t in Trial.objects.filter(run=report.run).select_related("variant", "task_version__task")
+    }
+    assert back == original
+    assert {s for s, *_ in original.values()} == {"passed", "failed"}
+
+
+def test_it_refuses_a_folder_that_is_not_empty(tmp_path, celery_worker_process):
+    run = exported_run(tmp_path, celery_worker_process)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    with pytest.raises(CommandError, match="not empty"):
+        call_command("export_coder_eval_run", str(run.pk), str(tmp_path / "busy"))
