@@ -30,7 +30,11 @@ def evaluate_suites(run: Run) -> list[dict]:
     results = []
     for members in groups.values():
         first = members[0]
-        criteria = first.task_version.spec.get("success_criteria", [])
+        # The criteria the trials ran with (a variant may replace the task's; an imported run
+        # carries coder-eval's resolved ones).
+        criteria = (first.config or {}).get("success_criteria") or first.task_version.spec.get(
+            "success_criteria", []
+        )
         if not any(c.get("suite_thresholds") for c in criteria):
             continue
         rows = [[_Stored(r) for r in t.criterion_results.all()] or None for t in members]

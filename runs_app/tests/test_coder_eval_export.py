@@ -31,7 +31,8 @@ def exported_run(tmp_path, worker):
         "rows",
         "task_id: rows\ninitial_prompt: 'say ${row.word}'\n"
         "dataset: {rows: [{id: a, word: hi}, {id: b, word: bye}]}\n"
-        "success_criteria:\n  - {type: file_contains, path: out.txt, includes: ['${row.word}']}\n",
+        "success_criteria:\n  - {type: file_contains, path: out.txt, includes: ['${row.word}'],"
+        " suite_thresholds: {mean: 0.5}}\n",
     )
     import_folder_tasks(tmp_path)
     good = json.dumps(f"echo {json.dumps(USAGE)}; echo {json.dumps(CALL)}; echo hi > out.txt")
@@ -74,6 +75,12 @@ def test_an_exported_run_reads_back_with_the_same_outcomes(tmp_path, celery_work
         for t in Trial.objects.filter(run=report.run).select_related("variant", "task_version__task")
     }
     assert back == original
+    # the dataset suite's thresholds came along and are judged the same way (good: 1 of 2 rows)
+    assert report.run.suite_results == run.suite_results
+    assert {(s["variant"], s["passed"]) for s in report.run.suite_results} == {
+        ("good", True),
+        ("idle", False),
+    }
     assert {s for s, *_ in original.values()} == {"passed", "failed"}
 
 
