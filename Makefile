@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint format venv install install-dev agents browser sandbox migrate demo worker web clean
+.PHONY: run test lint format venv install install-dev agents browser sandbox ripgrep migrate demo worker web clean
 
 $(PY):
 	$(PYTHON) scripts/bootstrap_venv.py $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(PY)
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# The real agent CLIs (Claude Code, Codex) from npm, into node_modules/ (skipped without npm).
+# The real agent CLIs (Claude Code, Codex, Gemini CLI, opencode) from npm, into node_modules/ (skipped without npm).
 node_modules/.installed: package.json package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \
 		npm ci --no-audit --no-fund --loglevel=error && touch $@; \
@@ -29,7 +29,27 @@ node_modules/.installed: package.json package-lock.json
 		echo "npm not found: the claude-code and codex agents (and their tests) are unavailable"; \
 	fi
 
-agents: node_modules/.installed
+# Aider (PyPI) in its own virtualenv: its hundreds of pinned dependencies stay out of .venv.
+.agents/aider/.installed: requirements-agents.txt | $(PY)
+	rm -rf .agents/aider
+	$(PY) -m venv .agents/aider
+	.agents/aider/bin/python -m pip install --disable-pip-version-check -q $$(grep -m1 '^aider-chat==' requirements-agents.txt)
+	touch $@
+
+# opencode's grep and glob tools run ripgrep, which it would otherwise download (sandboxes have
+# no network): Debian's, installed when missing and apt-get can.
+ripgrep:
+	@if ! command -v rg >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -q ripgrep >/dev/null 2>&1 || \
+			 (apt-get update -q >/dev/null && apt-get install -y -q ripgrep >/dev/null)) && \
+			echo "installed ripgrep"; \
+		else \
+			echo "ripgrep (rg) missing and cannot be installed here: opencode's grep and glob tools will fail"; \
+		fi; \
+	fi
+
+agents: node_modules/.installed .agents/aider/.installed ripgrep
 
 # Debian's chromium for the Playwright tests (installed when missing and apt-get can).
 browser:

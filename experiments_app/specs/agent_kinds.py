@@ -16,7 +16,7 @@ import difflib
 from importlib.metadata import EntryPoint, entry_points
 
 ENTRY_POINT_GROUP = "evalsite.agents"
-BUILTIN_KINDS = ("none", "oracle", "command", "claude-code", "codex")
+BUILTIN_KINDS = ("none", "oracle", "command", "claude-code", "codex", "gemini-cli", "opencode", "aider")
 # Agents that produce no trajectory, so criteria reading the agent's commands cannot apply.
 AGENTLESS_KINDS = ("none",)
 # Kinds whose run has no tool calls to watch, so no criterion can stop them early.
@@ -65,6 +65,13 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
             "extra_args",
         }
     ),  # fmt: skip
+    "gemini-cli": frozenset(
+        {"binary", "base_url", "max_retries", "max_turns", "exclude_tools", "extra_args"}
+    ),
+    "opencode": frozenset({"binary", "base_url", "extra_args"}),
+    "aider": frozenset(
+        {"binary", "base_url", "edit_format", "map_tokens", "network_retry_limit", "extra_args"}
+    ),
 }
 
 

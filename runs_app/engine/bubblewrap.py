@@ -6,7 +6,8 @@ Inside, the file system is a fresh tmpfs holding only:
 
 - the system, read-only: /usr and /etc (and the /bin, /lib... links or folders beside them);
 - the language runtimes and agent CLIs the worker uses, read-only, at the paths they have on
-  the worker (its Python, its virtualenv, the project's node_modules, `SANDBOX_RUNTIME_DIRS`);
+  the worker (its Python, its virtualenv, the project's node_modules and .agents,
+  `SANDBOX_RUNTIME_DIRS`);
 - what the caller mounts: the trial's workspace, HOME and /tmp (writable), and, only in the
   phase that needs them, the task's files and reference solution (read-only);
 - its own /proc (of its PID namespace) and a minimal /dev.
@@ -72,8 +73,9 @@ def runtime_dirs() -> tuple[Path, ...]:
     """The worker's runtimes the sandbox sees read-only: its Python (and virtualenv), the agent
     CLIs of the project's node_modules, and the folders listed in SANDBOX_RUNTIME_DIRS (read
     once per worker process)."""
-    dirs = [Path(sys.base_prefix), Path(sys.prefix), PROJECT_ROOT / "node_modules"]
-    for name in ("EVALSITE_CLAUDE_BIN", "EVALSITE_CODEX_BIN"):
+    dirs = [Path(sys.base_prefix), Path(sys.prefix), PROJECT_ROOT / "node_modules", PROJECT_ROOT / ".agents"]
+    for name in ("EVALSITE_CLAUDE_BIN", "EVALSITE_CODEX_BIN", "EVALSITE_GEMINI_BIN", "EVALSITE_OPENCODE_BIN",
+                 "EVALSITE_AIDER_BIN"):  # fmt: skip
         if os.environ.get(name):
             dirs.append(Path(os.environ[name]).resolve().parent)
     dirs += [Path(p) for p in os.environ.get("SANDBOX_RUNTIME_DIRS", "").split(":") if p]

@@ -5,8 +5,8 @@ sandbox in front of the agent) carries those connections over a unix socket boun
 sandbox to this gateway, which:
 
 1. forwards only to the variant's configured endpoint of each API (`/anthropic/...` to the
-   Anthropic Messages endpoint, `/openai/...` to the OpenAI Responses / Chat Completions one),
-   never elsewhere;
+   Anthropic Messages endpoint, `/openai/...` to the OpenAI Responses / Chat Completions one,
+   `/gemini/...` to the Gemini API's generateContent), never elsewhere;
 2. replaces whatever key the agent sent with the real one from the worker's environment, so no
    secret ever enters the sandbox;
 3. reads the usage of every response, streamed (SSE) or not: input, output, cache read and
@@ -49,16 +49,17 @@ SANDBOX_URL = f"http://127.0.0.1:{SANDBOX_PORT}"
 HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
-    "accept-encoding", "api-key",
+    "accept-encoding", "api-key", "x-goog-api-key",
 }  # fmt: skip
 MAX_BODY = 64 << 20
+GEMINI_GENERATE, GEMINI_STREAM = ":generateContent", ":streamGenerateContent"
 
 
 @dataclass(frozen=True)
 class Upstream:
     """One API the agent may reach: where it really is, and the key the gateway adds."""
 
-    api: str  # "anthropic" or "openai"
+    api: str  # "anthropic", "openai" or "gemini"
     base_url: str
     key: str = ""
     # Anthropic's API key goes in x-api-key; an ANTHROPIC_AUTH_TOKEN (a gateway or proxy in
@@ -70,6 +71,8 @@ class Upstream:
             return {}
         if self.api == "anthropic" and not self.bearer:
             return {"x-api-key": self.key}
+        if self.api == "gemini":
+            return {"x-goog-api-key": self.key}
         return {"Authorization": f"Bearer {self.key}"}
 
     @property
@@ -99,7 +102,7 @@ class Call:
     @property
     def is_generation(self) -> bool:
         path = self.path.split("?", 1)[0].rstrip("/")
-        return path.endswith(("/messages", "/responses", "/chat/completions"))
+        return path.endswith(("/messages", "/responses", "/chat/completions", GEMINI_GENERATE, GEMINI_STREAM))
 
     def event(self) -> dict[str, Any]:
         return {
@@ -206,6 +209,9 @@ class Gateway:
         if "openai" in self.upstreams:
             env["OPENAI_API_KEY"] = PLACEHOLDER_KEY
             env["OPENAI_BASE_URL"] = self.upstreams["openai"].sandbox_url
+        if "gemini" in self.upstreams:
+            env["GEMINI_API_KEY"] = PLACEHOLDER_KEY
+            env["GOOGLE_GEMINI_BASE_URL"] = self.upstreams["gemini"].sandbox_url
         if self.allowed_hosts:
             env.update(HTTPS_PROXY=SANDBOX_URL, HTTP_PROXY=SANDBOX_URL, https_proxy=SANDBOX_URL,
                        http_proxy=SANDBOX_URL)  # fmt: skip
@@ -326,6 +332,9 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(body) if body else {}
             call.model = str(request.get("model") or "") if isinstance(request, dict) else ""
             call.stream = bool(isinstance(request, dict) and request.get("stream"))
+        if api == "gemini":  # the model and the streaming are in the path: models/M:streamGenerateContent
+            call.model = call.model or _gemini_model(rest)
+            call.stream = GEMINI_STREAM in rest
         started = time.perf_counter()
         try:
             self._forward(upstream, rest, body, call, started)
@@ -354,6 +363,8 @@ class _Handler(BaseHTTPRequestHandler):
         base_path = target.path.rstrip("/")
         if upstream.api == "openai" and base_path.endswith("/v1") and rest.startswith("v1/"):
             rest = rest[3:]  # the agent was given .../openai/v1: do not double the /v1
+        if upstream.api == "gemini":
+            rest = _without_query_key(rest)  # the key goes in a header, the agent's placeholder nowhere
         path = f"{base_path}/{rest}"
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         headers.update(upstream.auth_headers())
@@ -462,6 +473,8 @@ class _UsageReader:
             self._responses(obj)
         elif obj.get("object") in ("chat.completion", "chat.completion.chunk") and obj.get("usage"):
             self._chat(obj)
+        elif isinstance(obj.get("usageMetadata"), dict):
+            self._gemini(obj)
 
     def _anthropic(self, message: dict) -> None:
         usage = message.get("usage") or {}
@@ -496,6 +509,31 @@ class _UsageReader:
         self.call.usage.output_tokens = _int(usage.get("completion_tokens"))
         details = usage.get("completion_tokens_details") or {}
         self.call.usage.reasoning_tokens = _int(details.get("reasoning_tokens"))
+
+    def _gemini(self, obj: dict) -> None:
+        """Gemini repeats the running totals on each streamed chunk: the last one counts. Its
+        prompt count includes cached tokens; thinking tokens are billed as output."""
+        usage = obj["usageMetadata"]
+        if obj.get("modelVersion"):
+            self.call.model = str(obj["modelVersion"])
+        cached = _int(usage.get("cachedContentTokenCount"))
+        self.call.usage.input_tokens = max(0, _int(usage.get("promptTokenCount")) - cached)
+        self.call.usage.cache_read_tokens = cached
+        thoughts = _int(usage.get("thoughtsTokenCount"))
+        self.call.usage.output_tokens = _int(usage.get("candidatesTokenCount")) + thoughts
+        self.call.usage.reasoning_tokens = thoughts
+
+
+def _gemini_model(rest: str) -> str:
+    path = rest.split("?", 1)[0]
+    _, _, tail = path.rpartition("models/")
+    return tail.split(":", 1)[0] if tail else ""
+
+
+def _without_query_key(rest: str) -> str:
+    path, _, query = rest.partition("?")
+    kept = [part for part in query.split("&") if part and not part.startswith("key=")]
+    return path + ("?" + "&".join(kept) if kept else "")
 
 
 def _int(value: Any) -> int:

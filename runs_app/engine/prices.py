@@ -31,6 +31,10 @@ MODEL_PRICES: tuple[tuple[str, float, float, float, float], ...] = (
     ("gpt-4o", 2.5, 10.0, 0.0, 1.25),
     ("o4-mini", 1.1, 4.4, 0.0, 0.275),
     ("o3", 2.0, 8.0, 0.0, 0.5),
+    # Gemini (prompts up to 200k tokens): cached input at the cache_read price, no write charge.
+    ("gemini-2.5-flash-lite", 0.1, 0.4, 0.0, 0.025),
+    ("gemini-2.5-flash", 0.3, 2.5, 0.0, 0.075),
+    ("gemini-2.5-pro", 1.25, 10.0, 0.0, 0.31),
 )
 PRICE_KEYS = ("input", "output", "cache_write", "cache_read")
 

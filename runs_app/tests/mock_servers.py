@@ -1,4 +1,5 @@
-"""Scriptable local model servers for tests: an Anthropic Messages API and an OpenAI Responses API.
+"""Scriptable local model servers for tests: the Anthropic Messages API, the OpenAI Responses and
+Chat Completions APIs, and the Gemini API's generateContent.
 
 Both stream Server-Sent Events like the real APIs, listen on 127.0.0.1 at a free port, run in a
 daemon thread and are used as context managers:
@@ -148,6 +149,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode())
         self.wfile.flush()
 
+    def sse_data(self, obj: Any) -> None:
+        """An unnamed event, as Chat Completions and Gemini stream them."""
+        self.wfile.write(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
+        self.wfile.flush()
+
 
 def _handler_for(mock: MockServer) -> type[_Handler]:
     return type("BoundHandler", (_Handler,), {"mock": mock})
@@ -290,6 +296,147 @@ class OpenAIMock(MockServer):
             "response.completed",
             response={**response, "status": "completed", "output": items, "usage": usage},
         )
+
+
+class ChatMock(MockServer):
+    """POST .../chat/completions, streamed (with the usage chunk) or not. A request offering tools
+    is at the step of its tool results; one without (Aider) at the count of such requests before
+    it. Usage per step: prompt 900+100*step (cached 50*step included), completion 30+step."""
+
+    def __init__(self, turns: list[Turn] | None = None, *, error: HttpError | None = None) -> None:
+        super().__init__(turns, error=error)
+        self._plain = 0
+
+    def model_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["method"] == "POST" and r["path"].endswith("/chat/completions")]
+
+    def respond(self, handler: _Handler, path: str, body: dict[str, Any]) -> None:
+        if not path.endswith("/chat/completions"):
+            handler.send_json(
+                404, {"error": {"type": "invalid_request_error", "message": "not found (mock)"}}
+            )
+            return
+        messages = body.get("messages") or []
+        if body.get("tools"):
+            step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool")
+        else:
+            with self._lock:
+                step, self._plain = self._plain, self._plain + 1
+        turn = self.turn_for(step)
+        error = self.error or (turn.error if turn else None)
+        if error:
+            handler.send_json(error.status, {"error": {"type": error.type, "message": error.message}})
+            return
+        content, calls = "", []
+        for planned in turn.output if turn else [message("Done.")]:
+            if planned["type"] in ("message", "text"):
+                content += planned["text"]
+            else:
+                calls.append(_chat_call(planned, body.get("tools") or []))
+        usage = {
+            "prompt_tokens": 900 + 100 * step, "completion_tokens": 30 + step,
+            "prompt_tokens_details": {"cached_tokens": 50 * step},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        }  # fmt: skip
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        with self._lock:
+            self.sent_usage.append(usage)
+        model = body.get("model") or "gpt-mock"
+        finish = "tool_calls" if calls else "stop"
+        ids = {"id": "chatcmpl-" + uuid.uuid4().hex[:20], "created": int(time.time()), "model": model}
+        if not body.get("stream"):
+            reply = {
+                "role": "assistant",
+                "content": content or None,
+                **({"tool_calls": calls} if calls else {}),
+            }
+            choice = {"index": 0, "message": reply, "finish_reason": finish}
+            handler.send_json(200, {**ids, "object": "chat.completion", "usage": usage, "choices": [choice]})
+            return
+        handler.start_sse()
+
+        def chunk(delta: dict[str, Any], reason: str | None = None) -> None:
+            choice = {"index": 0, "delta": delta, "finish_reason": reason}
+            handler.sse_data({**ids, "object": "chat.completion.chunk", "choices": [choice]})
+
+        chunk({"role": "assistant", "content": ""})
+        if content:
+            chunk({"content": content})
+        for index, call in enumerate(calls):
+            chunk({"tool_calls": [{"index": index, **call}]})
+        chunk({}, finish)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            handler.sse_data({**ids, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        handler.sse_data("[DONE]")
+
+
+def _chat_call(planned: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    offered = [(t.get("function") or {}).get("name") for t in tools]
+    if planned["type"] == "shell":
+        name = next((n for n in ("bash", "shell", "Bash") if n in offered), "bash")
+        args = {"command": planned["command"], "description": "run a command"}
+    else:
+        name, args = planned["name"], planned["input"]
+    return {"id": "call_" + uuid.uuid4().hex[:16], "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
+
+
+class GeminiMock(MockServer):
+    """POST /v1beta/models/{model}:streamGenerateContent?alt=sse (or :generateContent), at the step
+    of the function responses in its contents. ``shell(...)`` calls run_shell_command. Usage per
+    step: prompt 1000+200*step (cached 100*step included), candidates 20+step, thoughts 3."""
+
+    def model_requests(self) -> list[dict[str, Any]]:
+        kinds = (":generateContent", ":streamGenerateContent")
+        return [r for r in self.requests if r["method"] == "POST" and any(k in r["path"] for k in kinds)]
+
+    def respond(self, handler: _Handler, path: str, body: dict[str, Any]) -> None:
+        model, _, method = path.rpartition("/models/")[2].partition(":")
+        if method not in ("generateContent", "streamGenerateContent"):
+            handler.send_json(
+                404, {"error": {"code": 404, "message": "not found (mock)", "status": "NOT_FOUND"}}
+            )
+            return
+        contents = body.get("contents") or []
+        step = sum(
+            1 for c in contents if isinstance(c, dict) for p in c.get("parts") or []
+            if isinstance(p, dict) and "functionResponse" in p
+        )  # fmt: skip
+        turn = self.turn_for(step)
+        error = self.error or (turn.error if turn else None)
+        if error:
+            handler.send_json(error.status, {"error": {"code": error.status, "message": error.message,
+                                                       "status": error.type}})  # fmt: skip
+            return
+        parts = []
+        for planned in turn.output if turn else [message("Done.")]:
+            if planned["type"] in ("message", "text"):
+                parts.append({"text": planned["text"]})
+            elif planned["type"] == "shell":
+                parts.append(
+                    {"functionCall": {"name": "run_shell_command", "args": {"command": planned["command"]}}}
+                )
+            else:
+                parts.append({"functionCall": {"name": planned["name"], "args": planned["input"]}})
+        usage = {
+            "promptTokenCount": 1000 + 200 * step, "cachedContentTokenCount": 100 * step,
+            "candidatesTokenCount": 20 + step, "thoughtsTokenCount": 3,
+        }  # fmt: skip
+        usage["totalTokenCount"] = usage["promptTokenCount"] + usage["candidatesTokenCount"] + 3
+        with self._lock:
+            self.sent_usage.append(usage)
+        answer = {
+            "candidates": [
+                {"content": {"role": "model", "parts": parts}, "index": 0, "finishReason": "STOP"}
+            ],
+            "usageMetadata": usage,
+            "modelVersion": model,
+        }
+        if method == "generateContent":
+            handler.send_json(200, answer)
+            return
+        handler.start_sse()
+        handler.sse_data(answer)
 
 
 def _emit_item(emit: Any, index: int, item: dict[str, Any]) -> None:

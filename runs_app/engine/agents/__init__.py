@@ -11,6 +11,7 @@ from importlib.metadata import EntryPoint
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.agent_kinds import ENTRY_POINT_GROUP, known_kinds
 
+from .aider import AiderAgent
 from .base import (
     AgentEvent,
     AgentInvocation,
@@ -25,7 +26,9 @@ from .base import (
 from .claude_code import ClaudeCodeAgent
 from .codex import CodexAgent
 from .command import CommandAgent
+from .gemini_cli import GeminiCliAgent
 from .none import NoneAgent
+from .opencode import OpencodeAgent
 from .oracle import OracleAgent
 
 BUILTIN_KINDS: dict[str, type[AgentKind]] = {
@@ -34,6 +37,9 @@ BUILTIN_KINDS: dict[str, type[AgentKind]] = {
     "command": CommandAgent,
     "claude-code": ClaudeCodeAgent,
     "codex": CodexAgent,
+    "gemini-cli": GeminiCliAgent,
+    "opencode": OpencodeAgent,
+    "aider": AiderAgent,
 }
 
 __all__ = [

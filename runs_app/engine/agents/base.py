@@ -352,7 +352,9 @@ def raise_problems(problems: list[str]) -> None:
 
 # <project>/node_modules/.bin holds the CLIs installed by `npm ci` from the project's package.json.
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-INSTALL_HINT = "run `npm ci` in the project root (it installs the pinned CLIs into node_modules/)"
+INSTALL_HINT = (
+    "run `make agents` in the project root (it installs the pinned CLIs into node_modules/ and .agents/)"
+)
 
 # Prompts this long (or starting with "-", which a CLI would read as an option) go on stdin:
 # one argv string may not exceed 128 KiB on Linux.
@@ -380,8 +382,9 @@ def find_cli(
                 return found, None
             return None, f"{kind}: {source} points to {value}, which is not an executable file"
     local = PROJECT_ROOT / "node_modules" / ".bin" / program
-    if os.access(local, os.X_OK):
-        return str(local), None
+    for installed in (local, PROJECT_ROOT / ".agents" / program / "bin" / program):
+        if os.access(installed, os.X_OK):
+            return str(installed), None
     found = shutil.which(program)
     if found:
         return found, None

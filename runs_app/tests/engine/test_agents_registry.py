@@ -29,7 +29,9 @@ def fake_entry_points(*points: tuple[str, str]):
     return entry_points
 
 
-@pytest.mark.parametrize("kind", ["none", "oracle", "command", "claude-code", "codex"])
+@pytest.mark.parametrize(
+    "kind", ["none", "oracle", "command", "claude-code", "codex", "gemini-cli", "opencode", "aider"]
+)
 def test_it_finds_every_built_in_kind(kind):
     agent = get_agent(kind)
 
@@ -40,7 +42,8 @@ def test_it_lists_known_kinds_when_a_kind_is_unknown(monkeypatch):
     monkeypatch.setattr(agent_kinds, "entry_points", fake_entry_points())
 
     with pytest.raises(
-        UnknownAgentKind, match=r"'claud'; known kinds: claude-code, codex, command, none, oracle"
+        UnknownAgentKind,
+        match=r"'claud'; known kinds: aider, claude-code, codex, command, gemini-cli, none, opencode, oracle",
     ):
         get_agent("claud")
 
