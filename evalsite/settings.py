@@ -294,7 +294,11 @@ DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
 # Worker environment variables an agent may receive (by naming them in its config). Nothing
 # else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
 AGENT_SECRET_NAMES = env_list(
-    "AGENT_SECRET_NAMES", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY"]
+    "AGENT_SECRET_NAMES",
+    [
+        "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY",
+        "VERTEX_ACCESS_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
+    ],  # fmt: skip
 )
 # Besides staff, the members of this group may define command agents and name agent secrets.
 AGENT_AUTHORS_GROUP = env_str("AGENT_AUTHORS_GROUP", "agent-authors")

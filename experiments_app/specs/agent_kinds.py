@@ -46,6 +46,9 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
             "max_budget_usd",
             "max_retries",
             "base_url",
+            "provider",
+            "region",
+            "project_id",
             "extra_args",
             # Still accepted without effect, as before: coder-eval's own examples set it, and
             # mapping it onto the CLI is open work (noted on issue 11).

@@ -6,7 +6,8 @@ sandbox to this gateway, which:
 
 1. forwards only to the variant's configured endpoint of each API (`/anthropic/...` to the
    Anthropic Messages endpoint, `/openai/...` to the OpenAI Responses / Chat Completions one,
-   `/gemini/...` to the Gemini API's generateContent), never elsewhere;
+   `/gemini/...` to the Gemini API's generateContent, `/vertex/...` and `/bedrock/...` to Claude
+   on Google Vertex AI and Amazon Bedrock), never elsewhere;
 2. replaces whatever key the agent sent with the real one from the worker's environment, so no
    secret ever enters the sandbox;
 3. reads the usage of every response, streamed (SSE) or not: input, output, cache read and
@@ -21,6 +22,8 @@ Plain Python (http.server in threads), no Django.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import http.client
@@ -31,6 +34,7 @@ import queue
 import select
 import socket
 import socketserver
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,6 +57,11 @@ HOP_BY_HOP = {
 }  # fmt: skip
 MAX_BODY = 64 << 20
 GEMINI_GENERATE, GEMINI_STREAM = ":generateContent", ":streamGenerateContent"
+# The paths that ask a model for an answer (others: token counts, model lists...).
+GENERATIONS = (
+    "/messages", "/responses", "/chat/completions", GEMINI_GENERATE, GEMINI_STREAM,
+    ":rawPredict", ":streamRawPredict", "/invoke", "/invoke-with-response-stream",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class Call:
     @property
     def is_generation(self) -> bool:
         path = self.path.split("?", 1)[0].rstrip("/")
-        return path.endswith(("/messages", "/responses", "/chat/completions", GEMINI_GENERATE, GEMINI_STREAM))
+        return path.endswith(GENERATIONS)
 
     def event(self) -> dict[str, Any]:
         return {
@@ -332,9 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(body) if body else {}
             call.model = str(request.get("model") or "") if isinstance(request, dict) else ""
             call.stream = bool(isinstance(request, dict) and request.get("stream"))
-        if api == "gemini":  # the model and the streaming are in the path: models/M:streamGenerateContent
+        if api in ("gemini", "vertex"):  # the model is in the path: models/M:streamGenerateContent
             call.model = call.model or _gemini_model(rest)
-            call.stream = GEMINI_STREAM in rest
+            call.stream = call.stream or "stream" in rest.split("?", 1)[0].rpartition(":")[2].lower()
+        elif api == "bedrock":  # model/M/invoke-with-response-stream
+            _, _, tail = rest.split("?", 1)[0].partition("model/")
+            call.model = call.model or tail.split("/", 1)[0]
+            call.stream = rest.split("?", 1)[0].endswith("-with-response-stream")
         started = time.perf_counter()
         try:
             self._forward(upstream, rest, body, call, started)
@@ -441,6 +454,11 @@ class _UsageReader:
             del self.buffer[: len(self.buffer) - MAX_BODY]
 
     def finish(self) -> None:
+        if self.api == "bedrock" and self.buffer[:1] != b"{":
+            for payload in _eventstream_payloads(bytes(self.buffer)):
+                with contextlib.suppress(ValueError, TypeError, binascii.Error):
+                    self._read(json.loads(base64.b64decode(json.loads(payload)["bytes"])))
+            return
         text = self.buffer.decode("utf-8", "replace")
         stripped = text.lstrip()
         if stripped.startswith("{"):
@@ -522,6 +540,19 @@ class _UsageReader:
         thoughts = _int(usage.get("thoughtsTokenCount"))
         self.call.usage.output_tokens = _int(usage.get("candidatesTokenCount")) + thoughts
         self.call.usage.reasoning_tokens = thoughts
+
+
+def _eventstream_payloads(data: bytes) -> list[bytes]:
+    """The payloads of an AWS event stream (Bedrock's streamed answers): frames of total length,
+    headers length and a prelude CRC (4 bytes each), the headers, the payload, a message CRC."""
+    payloads, offset = [], 0
+    while offset + 16 <= len(data):
+        total, headers = struct.unpack_from(">II", data, offset)
+        if total < 16 or offset + total > len(data):
+            break
+        payloads.append(data[offset + 12 + headers : offset + total - 4])
+        offset += total
+    return payloads
 
 
 def _gemini_model(rest: str) -> str:

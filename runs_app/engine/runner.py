@@ -37,6 +37,7 @@ from experiments_app.models import Bundle
 from experiments_app.specs.bundles import extract_bundle
 from runs_app.engine import agents, criteria, environments, gateway, sandbox, workspace
 from runs_app.engine.agents import base as agent_base
+from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
 from runs_app.engine.criteria import live
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
@@ -53,6 +54,18 @@ MODEL_APIS = {
     "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
     "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
     "gemini": ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"),
+    # Claude on Google Vertex AI / Amazon Bedrock (claude-code's `provider`): a bearer token each,
+    # at the region's endpoint.
+    "vertex": (
+        "VERTEX_ACCESS_TOKEN",
+        "ANTHROPIC_VERTEX_BASE_URL",
+        "https://{region}-aiplatform.googleapis.com/v1",
+    ),
+    "bedrock": (
+        "AWS_BEARER_TOKEN_BEDROCK",
+        "ANTHROPIC_BEDROCK_BASE_URL",
+        "https://bedrock-runtime.{region}.amazonaws.com",
+    ),
 }
 COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
 
@@ -448,14 +461,14 @@ class TrialExecution:
     def _gateway_for(self, kind: agents.AgentKind, agent_config: dict) -> gateway.Gateway | None:
         """The trial's model gateway, for kinds that call a model API: the agent gets placeholder
         keys and the gateway's URLs; the real keys stay in this process."""
-        if not kind.model_apis:
+        apis = kind.apis(agent_config)
+        if not apis:
             return None
         upstreams = []
-        for api in kind.model_apis:
+        for api in apis:
             key_name, url_name, default = MODEL_APIS[api]
-            base_url = (len(kind.model_apis) == 1 and agent_config.get("base_url")) or os.environ.get(
-                url_name
-            )
+            base_url = (len(apis) == 1 and agent_config.get("base_url")) or os.environ.get(url_name)
+            default = default.format(region=agent_config.get("region") or DEFAULT_REGIONS.get(api, ""))
             key, bearer = os.environ.get(key_name, ""), False
             if not key and api == "anthropic" and os.environ.get("ANTHROPIC_AUTH_TOKEN"):
                 key, bearer = os.environ["ANTHROPIC_AUTH_TOKEN"], True
@@ -472,13 +485,13 @@ class TrialExecution:
         ).start()
 
     def _sandbox_secrets(
-        self, kind: agents.AgentKind, model_gateway: gateway.Gateway | None
+        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
     ) -> dict[str, str]:
         """What `prepare` may read as the worker's environment: the gateway's placeholders for the
         model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
         values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
         if model_gateway is not None:
-            for api in kind.model_apis:
+            for api in kind.apis(agent_config):
                 key_name, url_name, _ = MODEL_APIS[api]
                 values.pop(key_name, None)
                 values.pop(url_name, None)
@@ -493,11 +506,11 @@ class TrialExecution:
     def _run_agent_process(
         self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
     ) -> Outcome:
-        box_secrets = self._sandbox_secrets(kind, model_gateway)
-        if model_gateway is not None and len(kind.model_apis) == 1:
+        box_secrets = self._sandbox_secrets(kind, agent_config, model_gateway)
+        if model_gateway is not None and len(kind.apis(agent_config)) == 1:
             agent_config = {
                 **agent_config,
-                "base_url": model_gateway.upstreams[kind.model_apis[0]].sandbox_url,
+                "base_url": model_gateway.upstreams[kind.apis(agent_config)[0]].sandbox_url,
             }
         try:
             invocation = kind.prepare(

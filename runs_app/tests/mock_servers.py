@@ -15,10 +15,13 @@ Each server records the requests it got (``requests``) and the usage it reported
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -149,6 +152,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode())
         self.wfile.flush()
 
+    def start_eventstream(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/vnd.amazon.eventstream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def bedrock_chunk(self, name: str, obj: dict[str, Any]) -> None:
+        """One AWS event-stream frame holding an Anthropic event, as Bedrock streams them."""
+        payload = json.dumps({"bytes": base64.b64encode(json.dumps(obj).encode()).decode()}).encode()
+        headers = b"".join(
+            bytes([len(key)]) + key.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
+            for key, value in ((":event-type", "chunk"), (":content-type", "application/json"),
+                               (":message-type", "event"))
+        )  # fmt: skip
+        prelude = struct.pack(">II", 16 + len(headers) + len(payload), len(headers))
+        prelude += struct.pack(">I", zlib.crc32(prelude))
+        frame = prelude + headers + payload
+        self.wfile.write(frame + struct.pack(">I", zlib.crc32(frame)))
+        self.wfile.flush()
+
     def sse_data(self, obj: Any) -> None:
         """An unnamed event, as Chat Completions and Gemini stream them."""
         self.wfile.write(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
@@ -164,12 +188,16 @@ class AnthropicMock(MockServer):
     cache read 250*step, output 20+5*step (distinct per step so sums are checkable)."""
 
     def model_requests(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["method"] == "POST" and r["path"].startswith("/v1/messages")]
+        return [r for r in self.requests if r["method"] == "POST" and _claude_call(r["path"].split("?")[0])]
 
     def respond(self, handler: _Handler, path: str, body: dict[str, Any]) -> None:
-        if not path.startswith("/v1/messages") or path.endswith("count_tokens"):
+        kind = _claude_call(path)
+        if kind is None:
             handler.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": "mock"}})
             return
+        # Vertex and Bedrock name the model in the path, not the body.
+        model = body.get("model") or (path.rpartition("/models/")[2].partition(":")[0] if kind == "vertex"
+                                      else path.partition("/model/")[2].partition("/")[0])  # fmt: skip
         step = _count_items(body.get("messages") or [], ("tool_result",))
         turn = self.turn_for(step) if body.get("tools") else Turn([text("ok")])
         error = self.error or (turn.error if turn else None)
@@ -181,9 +209,11 @@ class AnthropicMock(MockServer):
             )
             return
         blocks = turn.output if turn else [text("Done.")]
-        self._stream(handler, body.get("model") or "claude-sonnet-4-6", blocks, step)
+        handler.start_sse() if kind != "bedrock" else handler.start_eventstream()
+        emit = handler.sse if kind != "bedrock" else handler.bedrock_chunk
+        self._stream(emit, model or "claude-sonnet-4-6", blocks, step)
 
-    def _stream(self, handler: _Handler, model: str, blocks: list[dict[str, Any]], step: int) -> None:
+    def _stream(self, emit: Any, model: str, blocks: list[dict[str, Any]], step: int) -> None:
         usage = {
             "input_tokens": 1000 + 200 * step,
             "cache_creation_input_tokens": 100,
@@ -193,10 +223,9 @@ class AnthropicMock(MockServer):
         with self._lock:
             self.sent_usage.append({**usage, "output_tokens": output_tokens})
         stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-        handler.start_sse()
         start = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model}
         start.update(content=[], stop_reason=None, stop_sequence=None, usage={**usage, "output_tokens": 1})
-        handler.sse("message_start", {"type": "message_start", "message": start})
+        emit("message_start", {"type": "message_start", "message": start})
         for index, block in enumerate(blocks):
             if block["type"] == "text":
                 opening = {"type": "text", "text": ""}
@@ -204,15 +233,13 @@ class AnthropicMock(MockServer):
             else:
                 opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
                 delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-            handler.sse(
+            emit(
                 "content_block_start",
                 {"type": "content_block_start", "index": index, "content_block": opening},
             )
-            handler.sse(
-                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-            )
-            handler.sse("content_block_stop", {"type": "content_block_stop", "index": index})
-        handler.sse(
+            emit("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            emit("content_block_stop", {"type": "content_block_stop", "index": index})
+        emit(
             "message_delta",
             {
                 "type": "message_delta",
@@ -220,7 +247,18 @@ class AnthropicMock(MockServer):
                 "usage": {"output_tokens": output_tokens},
             },
         )
-        handler.sse("message_stop", {"type": "message_stop"})
+        emit("message_stop", {"type": "message_stop"})
+
+
+def _claude_call(path: str) -> str | None:
+    """Which API a Claude request speaks: the Messages API, Vertex's or Bedrock's, or None."""
+    if path.startswith("/v1/messages") and not path.endswith("count_tokens"):
+        return "anthropic"
+    if path.endswith(":streamRawPredict"):
+        return "vertex"
+    if path.endswith("/invoke-with-response-stream"):
+        return "bedrock"
+    return None
 
 
 class OpenAIMock(MockServer):

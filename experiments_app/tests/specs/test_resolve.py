@@ -720,7 +720,10 @@ def test_it_rejects_an_unknown_override_path_saying_what_was_expected():
         ("run_limits.max_turns=0", "run_limits.max_turns: Input should be greater than 0"),
         ("repeats=0", "repeats: Input should be greater than or equal to 1"),
         ("sandbox.driver=podman", "sandbox.driver: Input should be 'tempdir' or 'docker'"),
-        ("agent.type=bogus", "agent.type: unknown agent type 'bogus'; expected one of: aider, claude-code, codex"),
+        (
+            "agent.type=bogus",
+            "agent.type: unknown agent type 'bogus'; expected one of: aider, claude-code, codex",
+        ),
         (
             "template_sources=[{type: template_dir, path: a}, {type: repo, url: 'https://h/r'}]",
             "must be the first one",

@@ -196,6 +196,10 @@ class AgentKind:
     # gateway for them (placeholder keys, the gateway's URLs), which counts every call.
     model_apis: tuple[str, ...] = ()
 
+    def apis(self, config: Mapping[str, Any]) -> tuple[str, ...]:
+        """The model APIs this run of the kind calls (a kind's options may pick another one)."""
+        return self.model_apis
+
     def prepare(
         self,
         prompt: str,

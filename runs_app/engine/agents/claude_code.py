@@ -30,6 +30,7 @@ from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
+    AgentSetupError,
     BaseParser,
     Usage,
     clip,
@@ -70,15 +71,36 @@ def model_prices(model: str) -> dict[str, float] | None:
     return None
 
 
+# `provider`: where Claude runs -> (the gateway's API, the worker's key for it). On Vertex and
+# Bedrock the CLI skips its own cloud auth: the gateway adds the bearer token.
+PROVIDERS = {
+    "anthropic": ("anthropic", API_KEY),
+    "vertex": ("vertex", "VERTEX_ACCESS_TOKEN"),
+    "bedrock": ("bedrock", "AWS_BEARER_TOKEN_BEDROCK"),
+}
+DEFAULT_REGIONS = {"vertex": "us-east5", "bedrock": "us-east-1"}
+
+
 class ClaudeCodeAgent(AgentKind):
     name = "claude-code"
     model_apis = ("anthropic",)
     needs_final_line = True
 
+    def apis(self, config: Mapping[str, Any]) -> tuple[str, ...]:
+        return (PROVIDERS.get(str(config.get("provider") or "anthropic"), PROVIDERS["anthropic"])[0],)
+
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary = require_cli("claude-code", "claude", "EVALSITE_CLAUDE_BIN", API_KEY, config, secrets)
+        provider = str(config.get("provider") or "anthropic")
+        if provider not in PROVIDERS:
+            raise AgentSetupError(
+                f"claude-code: provider must be one of {', '.join(PROVIDERS)}, not {provider!r}"
+            )
+        if provider == "vertex" and not config.get("project_id"):
+            raise AgentSetupError("claude-code: provider vertex needs project_id (the Google Cloud project)")
+        key = PROVIDERS[provider][1]
+        binary = require_cli("claude-code", "claude", "EVALSITE_CLAUDE_BIN", key, config, secrets)
         on_argv = prompt_fits_argv(prompt)
         argv = [binary, "-p", prompt] if on_argv else [binary, "-p"]
         argv += claude_options(config)
@@ -87,7 +109,8 @@ class ClaudeCodeAgent(AgentKind):
             # Closed stdin: with an open pipe `claude -p` waits 3 s for input before starting.
             stdin=b"" if on_argv else prompt.encode(),
             env_extra=claude_env(config, secrets),
-            secrets_needed=[API_KEY],
+            # On Vertex and Bedrock the CLI sends no key at all (the gateway adds it).
+            secrets_needed=[API_KEY] if provider == "anthropic" else [],
         )
 
     def parser(self, config: Mapping[str, Any] | None = None) -> ClaudeStreamParser:
@@ -133,9 +156,23 @@ def claude_env(config: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[st
         DISABLE_AUTOUPDATER="1",
         DISABLE_ERROR_REPORTING="1",
     )
-    base_url = config.get("base_url") or secrets.get("ANTHROPIC_BASE_URL")
-    if base_url:
-        env["ANTHROPIC_BASE_URL"] = str(base_url)
+    provider = str(config.get("provider") or "anthropic")
+    region = str(config.get("region") or DEFAULT_REGIONS.get(provider, ""))
+    if provider == "vertex":
+        env.update(CLAUDE_CODE_USE_VERTEX="1", CLAUDE_CODE_SKIP_VERTEX_AUTH="1", CLOUD_ML_REGION=region,
+                   ANTHROPIC_VERTEX_PROJECT_ID=str(config.get("project_id") or ""))  # fmt: skip
+        if config.get("base_url") or secrets.get("ANTHROPIC_VERTEX_BASE_URL"):
+            env["ANTHROPIC_VERTEX_BASE_URL"] = str(
+                config.get("base_url") or secrets["ANTHROPIC_VERTEX_BASE_URL"]
+            )
+    elif provider == "bedrock":
+        env.update(CLAUDE_CODE_USE_BEDROCK="1", CLAUDE_CODE_SKIP_BEDROCK_AUTH="1", AWS_REGION=region)
+        if config.get("base_url") or secrets.get("ANTHROPIC_BEDROCK_BASE_URL"):
+            env["ANTHROPIC_BEDROCK_BASE_URL"] = str(
+                config.get("base_url") or secrets["ANTHROPIC_BEDROCK_BASE_URL"]
+            )
+    elif config.get("base_url") or secrets.get("ANTHROPIC_BASE_URL"):
+        env["ANTHROPIC_BASE_URL"] = str(config.get("base_url") or secrets["ANTHROPIC_BASE_URL"])
     if config.get("max_retries") is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(int(config["max_retries"]))
     return env

@@ -305,7 +305,7 @@ def test_it_says_what_to_install_when_the_cli_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("EVALSITE_CLAUDE_BIN", raising=False)
 
-    with pytest.raises(AgentSetupError, match=r"npm ci.*EVALSITE_CLAUDE_BIN") as error:
+    with pytest.raises(AgentSetupError, match=r"make agents.*EVALSITE_CLAUDE_BIN") as error:
         get_agent("claude-code").prepare("p", tmp_path, tmp_path, {}, {})
     assert "ANTHROPIC_API_KEY" in str(error.value)  # both problems in one message
     with pytest.raises(AgentSetupError, match="not an executable"):

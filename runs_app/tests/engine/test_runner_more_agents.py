@@ -8,7 +8,16 @@ from django.conf import settings
 
 from runs_app.models import TrialEvent
 from runs_app.tests.engine.test_runner_real_agents import FIX, REAL_KEY, WRITE_FIX, run_example
-from runs_app.tests.mock_servers import ChatMock, GeminiMock, Turn, message, shell
+from runs_app.tests.mock_servers import (
+    AnthropicMock,
+    ChatMock,
+    GeminiMock,
+    Turn,
+    message,
+    shell,
+    text,
+    tool_use,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -96,4 +105,41 @@ def test_the_real_aider_solves_an_example_task_through_the_gateway(tmp_path):
     assert trial.output_tokens == sum(u["completion_tokens"] for u in sent) and trial.turns == len(requests)
     edits = TrialEvent.objects.filter(trial=trial, kind="tool_call", data__name="Edit")
     assert [e.data["input"]["file_path"] for e in edits] == ["stats.py"]
+    assert REAL_KEY not in trial.agent_stdout + trial.agent_stderr
+
+
+@pytest.mark.skipif(not (NODE_BIN / "claude").exists(), reason="run `make agents` for the claude CLI")
+@pytest.mark.parametrize(
+    ("provider", "suffix", "key_name", "path_part"),
+    [
+        (
+            "vertex",
+            "/v1",
+            "VERTEX_ACCESS_TOKEN",
+            "/projects/evals-1/locations/europe-west1/publishers/anthropic/",
+        ),
+        ("bedrock", "", "AWS_BEARER_TOKEN_BEDROCK", "/model/claude-sonnet-4-6/invoke-with-response-stream"),
+    ],
+)
+def test_claude_code_runs_on_vertex_and_bedrock_with_the_gateway_holding_the_token(
+    tmp_path, provider, suffix, key_name, path_part
+):
+    script = [Turn([tool_use("Bash", {"command": WRITE_FIX, "description": "Fix"})]), Turn([text("Fixed.")])]
+    with AnthropicMock(script) as api:
+        trial = run_example(
+            tmp_path,
+            f"{{type: claude-code, provider: {provider}, region: europe-west1, project_id: evals-1, "
+            "model: claude-sonnet-4-6, max_retries: 0}",
+            [f"agent.base_url={api.url}{suffix}"],
+            {"ANTHROPIC_API_KEY": "", key_name: REAL_KEY},
+        )
+        sent, requests = list(api.sent_usage), api.model_requests()
+
+    assert trial.status == "passed", _failure(trial)
+    assert requests and all(path_part in r["path"] for r in requests)
+    headers = [{name.lower(): value for name, value in r["headers"].items()} for r in requests]
+    assert {h.get("authorization") for h in headers} == {f"Bearer {REAL_KEY}"}
+    # the gateway read the usage of Vertex's SSE and of Bedrock's binary event stream alike
+    assert trial.input_tokens == sum(u["input_tokens"] for u in sent)
+    assert trial.output_tokens == sum(u["output_tokens"] for u in sent) and trial.turns == len(requests)
     assert REAL_KEY not in trial.agent_stdout + trial.agent_stderr
