@@ -142,7 +142,9 @@ class VariantForm(forms.Form):
         label="Model server",
         assume_scheme="https",
         help_text="Base URL of the model API this variant's agent calls through the gateway; empty: the "
-        "worker's ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the public API. Keys stay on the worker.",
+        "worker's ANTHROPIC_BASE_URL / OPENAI_BASE_URL / GOOGLE_GEMINI_BASE_URL, else the public API. "
+        "The key is the worker's ANTHROPIC_API_KEY (claude-code), OPENAI_API_KEY (codex, opencode, "
+        "aider) or GEMINI_API_KEY (gemini-cli): keys never leave the worker.",
     )
     options = YamlField(label="Agent options", help_text="e.g. command: [python3, agent.py] (YAML or JSON)")
     prompt_prefix = forms.CharField(
