@@ -296,8 +296,12 @@ DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
 AGENT_SECRET_NAMES = env_list(
     "AGENT_SECRET_NAMES",
     [
-        "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY",
-        "VERTEX_ACCESS_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "OPENAI_API_KEY",
+        "GEMINI_API_KEY",
+        "VERTEX_ACCESS_TOKEN",
+        "AWS_BEARER_TOKEN_BEDROCK",
     ],  # fmt: skip
 )
 # Besides staff, the members of this group may define command agents and name agent secrets.

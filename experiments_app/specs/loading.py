@@ -15,6 +15,7 @@ exported and re-imported) gives the same bundle digest.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -170,12 +171,18 @@ class _Files:
 
 # --- referenced paths ------------------------------------------------------------------------
 
+# `$TASK_DIR/check.sh` or `${TASK_DIR}/data/` in a criterion's command (a path without shell
+# variables or globs, which only the shell could resolve).
+TASK_DIR_PATH = re.compile(r"\$\{?TASK_DIR\}?/([A-Za-z0-9_.+,@=-][A-Za-z0-9_./+,@=-]*)")
+
 
 @dataclass(frozen=True)
 class _Ref:
     loc: Loc
     raw: str
-    kind: Literal["file", "dir"]
+    kind: Literal["file", "dir", "any"]
+    # A template folder's include_patterns: names the bundle would skip that it keeps.
+    include: tuple[str, ...] = ()
 
     @property
     def kind_name(self) -> str:
@@ -202,10 +209,15 @@ def layer_refs(layer: Any, prefix: Loc = ()) -> list[_Ref]:
     ):
         for i, source in enumerate(sources or []):
             if isinstance(source, TemplateDirSource):
-                refs.append(_Ref((*prefix, *where, i, "path"), source.path, "dir"))
+                include = tuple(source.include_patterns or ())
+                refs.append(_Ref((*prefix, *where, i, "path"), source.path, "dir", include))
     if getattr(layer, "reference", None) is not None:
         refs.append(_Ref((*prefix, "reference", "directory"), layer.reference.directory, "dir"))
     for i, crit in enumerate(getattr(layer, "success_criteria", None) or []):
+        # A criterion's command may run a file of the task's folder: `sh "$TASK_DIR/check.sh"`.
+        command = getattr(crit, "command", None)
+        for path in TASK_DIR_PATH.findall(command) if isinstance(command, str) else []:
+            refs.append(_Ref((*prefix, "success_criteria", i, "command"), path.rstrip("/"), "any"))
         for j, name in enumerate(getattr(crit, "files", [])):
             if name.startswith(TASK_DIR_TOKEN):
                 refs.append(
@@ -230,6 +242,8 @@ def _check_ref(doc: Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
         )
     if not inside(root.real, os.path.realpath(target)):
         return None, doc.issue(ref.loc, f"{raw!r} is a symlink whose target leaves the folder being imported")
+    if ref.kind == "any":
+        return target, None
     if ref.kind == "dir" and not os.path.isdir(target):
         return None, doc.issue(ref.loc, f"expected a folder, but {raw!r} is a file")
     if ref.kind == "file" and not os.path.isfile(target):
@@ -253,7 +267,10 @@ def _dir_files(doc: Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssue
             issues.append(doc.issue(ref.loc, f"cannot read folder {doc.root.shown(folder)}: {exc.strerror}"))
             continue
         for entry in entries:
-            if _ignored(entry.name):
+            relative = Path(os.path.relpath(entry.path, top)).as_posix()
+            if _ignored(entry.name) and not any(
+                fnmatch.fnmatchcase(relative, p.removeprefix("./")) for p in ref.include
+            ):
                 continue
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
@@ -289,7 +306,7 @@ def _collect(
             issues.append(issue)
             continue
         by_ref[ref.loc] = target
-        if ref.kind == "dir":
+        if ref.kind == "dir" or (ref.kind == "any" and os.path.isdir(target)):
             found, problems = _dir_files(doc, ref, target)
             members += found
             issues += problems

@@ -351,8 +351,8 @@ class TrialExecution:
 
     def _provide_venv(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
-        workspace, with system site packages, first on the PATH of pre_run, post_run and
-        run_command (not the agent's, as in coder-eval). It is a copy of one template venv per
+        workspace, with system site packages, first on the PATH of run_command criteria (not of
+        pre_run, post_run or the agent, as in coder-eval 0.12.16). It is a copy of one template venv per
         host (a venv of symlinks and a pyvenv.cfg: about a millisecond), not a new venv. The
         `env_packages` of `sandbox.python` and `sandbox.node` come from environments built on
         the host once per requirement set and mounted read-only (`environments`)."""
@@ -431,10 +431,14 @@ class TrialExecution:
             wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
             memory_bytes=self._memory_bytes(), **COMMAND_LIMITS,
         )  # fmt: skip
-        mounts, extra = [], dict(getattr(self, "venv_env", {}))
-        if grading:
+        mounts, extra = [], {}
+        if grading:  # coder-eval: the venv, node_modules/.bin and TASK_DIR are run_command's only
             mounts.append(sandbox.Mount(self.task_bundle_dir))
-            extra |= {"TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir), **self._reference_env()}
+            extra = {
+                **getattr(self, "venv_env", {}),
+                "TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir),
+            }
+            extra |= self._reference_env()
         result = self._sandboxed(command, limits=limits, extra=extra, mounts=mounts)
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
@@ -644,6 +648,7 @@ class TrialExecution:
             env=dict(os.environ),
             task_dir=self.task_bundle_dir / self.task_yaml_dir,
             reference_dir=self._reference_dir(),
+            shared_roots=tuple(mount.path for mount in getattr(self, "env_mounts", [])),
         )
         specs = self.config.get("success_criteria") or []
         result = criteria.grade(specs, context)

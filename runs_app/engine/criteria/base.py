@@ -56,6 +56,9 @@ class GradingContext:
     # solution's folder ("$REFERENCE_DIR/x", include_reference), when the runner has them.
     task_dir: Path | None = None
     reference_dir: Path | None = None
+    # Folders a workspace link may lead into: the read-only environments of the task's
+    # env_packages (`node_modules` links to one).
+    shared_roots: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -173,7 +176,7 @@ def req_path(params: Mapping, key: str, type_name: str) -> str:
 # ---------------------------------------------------------------- workspace access
 
 
-def resolve_under(root: Path, rel: str) -> tuple[Path | None, str | None]:
+def resolve_under(root: Path, rel: str, shared: tuple[Path, ...] = ()) -> tuple[Path | None, str | None]:
     """The resolved path of `rel` under `root`, or (None, why) when it leaves root or is missing.
 
     A symlink the agent planted pointing outside is a failed check, not an error: the agent
@@ -182,16 +185,16 @@ def resolve_under(root: Path, rel: str) -> tuple[Path | None, str | None]:
     check_rel_path(rel, "path")
     root = root.resolve()
     resolved = (root / rel).resolve()
-    if not resolved.is_relative_to(root):
+    if not resolved.is_relative_to(root) and not any(resolved.is_relative_to(p.resolve()) for p in shared):
         return None, f"'{rel}' resolves outside its folder"
     if not resolved.exists():
         return None, f"'{rel}' does not exist"
     return resolved, None
 
 
-def read_text_under(root: Path, rel: str) -> tuple[str | None, str | None]:
+def read_text_under(root: Path, rel: str, shared: tuple[Path, ...] = ()) -> tuple[str | None, str | None]:
     """The file's text (capped at MAX_FILE_BYTES), or (None, why it could not be read)."""
-    path, problem = resolve_under(root, rel)
+    path, problem = resolve_under(root, rel, shared)
     if path is None:
         return None, problem
     # A FIFO or device would block or stream forever; only regular files are read.
@@ -203,11 +206,11 @@ def read_text_under(root: Path, rel: str) -> tuple[str | None, str | None]:
 
 
 def workspace_path(ctx: GradingContext, rel: str) -> tuple[Path | None, str | None]:
-    return resolve_under(ctx.workspace, rel)
+    return resolve_under(ctx.workspace, rel, ctx.shared_roots)
 
 
 def read_text(ctx: GradingContext, rel: str) -> tuple[str | None, str | None]:
-    return read_text_under(ctx.workspace, rel)
+    return read_text_under(ctx.workspace, rel, ctx.shared_roots)
 
 
 def cap(text: str, limit: int = OUTPUT_BUDGET) -> str:

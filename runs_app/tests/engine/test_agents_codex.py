@@ -268,5 +268,7 @@ def test_it_says_which_key_to_set_and_what_to_install(tmp_path, monkeypatch, fak
     monkeypatch.setattr(base, "PROJECT_ROOT", tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("EVALSITE_CODEX_BIN", raising=False)
-    with pytest.raises(AgentSetupError, match=r"`codex` CLI is not installed.*make agents.*EVALSITE_CODEX_BIN"):
+    with pytest.raises(
+        AgentSetupError, match=r"`codex` CLI is not installed.*make agents.*EVALSITE_CODEX_BIN"
+    ):
         prepare({})

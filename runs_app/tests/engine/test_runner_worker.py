@@ -456,7 +456,7 @@ def test_env_packages_are_installed_once_per_host_and_mounted_read_only(tmp_path
             f"task_id: {slug}\ninitial_prompt: go\n"
             "sandbox:\n  python: {env_packages: [tomli-w==1.0.0]}\n"
             "  node: {env_packages: [is-number@7.0.0]}\n"
-            "pre_run:\n  - command: python -c 'import tomli_w'\n"
+            "pre_run:\n  - command: .venv/bin/python -c 'import tomli_w'\n"
             "success_criteria:\n"
             "  - type: run_command\n"
             '    command: python -c "import tomli_w; assert tomli_w.dumps({}) == str()"\n'
