@@ -36,6 +36,22 @@ node_modules/.installed: package.json package-lock.json
 	.agents/aider/bin/python -m pip install --disable-pip-version-check -q $$(grep -m1 '^aider-chat==' requirements-agents.txt)
 	touch $@
 
+# opencode: its platform's binary package alone, into .agents/opencode (the `opencode-ai` wrapper
+# lists every platform's package, which the registry does not all serve, so `npm ci` could not
+# check a lock file holding it).
+OPENCODE_VERSION := 1.18.33
+OPENCODE_ARCH := $(shell uname -m | sed -e 's/x86_64/x64/' -e 's/aarch64/arm64/')
+.agents/opencode/.installed: Makefile
+	@if command -v npm >/dev/null 2>&1; then \
+		rm -rf .agents/opencode && mkdir -p .agents/opencode/bin && \
+		npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
+			--prefix .agents/opencode opencode-linux-$(OPENCODE_ARCH)@$(OPENCODE_VERSION) && \
+		ln -s ../node_modules/opencode-linux-$(OPENCODE_ARCH)/bin/opencode .agents/opencode/bin/opencode && \
+		touch $@; \
+	else \
+		echo "npm not found: the opencode agent (and its test) is unavailable"; \
+	fi
+
 # opencode's grep and glob tools run ripgrep, which it would otherwise download (sandboxes have
 # no network): Debian's, installed when missing and apt-get can.
 ripgrep:
@@ -49,7 +65,7 @@ ripgrep:
 		fi; \
 	fi
 
-agents: node_modules/.installed .agents/aider/.installed ripgrep
+agents: node_modules/.installed .agents/aider/.installed .agents/opencode/.installed ripgrep
 
 # Debian's chromium for the Playwright tests (installed when missing and apt-get can).
 browser:

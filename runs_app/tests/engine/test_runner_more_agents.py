@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 NODE_BIN = settings.BASE_DIR / "node_modules" / ".bin"
 AIDER = settings.BASE_DIR / ".agents" / "aider" / "bin" / "aider"
+OPENCODE = settings.BASE_DIR / ".agents" / "opencode" / "bin" / "opencode"
 
 
 # The Gemini CLI refuses commands with a heredoc or substitutions ("Blocked: command
@@ -67,7 +68,7 @@ def test_the_real_gemini_cli_solves_an_example_task_through_the_gateway(tmp_path
     assert "+    return total / count" in trial.diff
 
 
-@pytest.mark.skipif(not (NODE_BIN / "opencode").exists(), reason="run `make agents` for the opencode CLI")
+@pytest.mark.skipif(not OPENCODE.exists(), reason="run `make agents` for the opencode CLI (.agents/opencode)")
 def test_the_real_opencode_cli_solves_an_example_task_through_the_gateway(tmp_path):
     script = [Turn([message("Rewriting mean()."), shell(WRITE_FIX)]), Turn([message("Fixed.")])]
     with ChatMock(script) as api:
