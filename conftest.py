@@ -51,6 +51,17 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(autouse=True)
+def _no_live_listener_outlives_its_test():
+    """A test that streamed started the web process's listener; on PostgreSQL it holds a
+    connection, which would keep the test database from being dropped."""
+    yield
+    from runs_app import live
+
+    if live._hub is not None:
+        live._hub.stop()
+
+
+@pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

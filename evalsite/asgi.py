@@ -12,5 +12,8 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "evalsite.settings")
+# The web server under ASGI serves many requests (and live streams) from short-lived threads:
+# on PostgreSQL it takes its connections from a bounded pool (settings.DATABASE_POOL_MAX_SIZE).
+os.environ.setdefault("EVALSITE_ASGI", "1")
 
 application = get_asgi_application()

@@ -168,8 +168,20 @@ WSGI_APPLICATION = "evalsite.wsgi.application"
 ASGI_APPLICATION = "evalsite.asgi.application"
 
 DATABASE_URL = env_str("DATABASE_URL")
+# The ASGI web process's connections to PostgreSQL: a psycopg pool of at most this many (0: no
+# pool, one persistent connection per thread as under WSGI and in workers). Under ASGI each request
+# runs in its own short-lived thread, so persistent connections would pile up; streams give theirs
+# back between checks. Size it against the server's max_connections with the workers' (one each).
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=0)
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
+    if os.environ.get("EVALSITE_ASGI") == "1" and DATABASE_POOL_MAX_SIZE:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": env_int("DATABASE_POOL_TIMEOUT", 10, minimum=1),
+        }
 else:
     DATABASES = {
         "default": {

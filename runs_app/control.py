@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from runs_app import live
 from runs_app.analysis import gates
 from runs_app.analysis.load import run_facts
 from runs_app.engine import runner
@@ -127,15 +128,24 @@ def execute(trial_id: int, worker: str) -> str | None:
     chain_until = time.monotonic() + CHAIN_SECONDS
     if not runner.claim(trial_id, worker):
         return None
+    _publish_trial(trial_id)
     status, run_id = runner.run_claimed(trial_id, worker)
     next_id = after_trial(run_id, reserve=True)
     while next_id is not None:
         if not runner.claim(next_id, worker):
             release(next_id)
             break
+        _publish_trial(next_id)
         _, run_id = runner.run_claimed(next_id, worker)
         next_id = after_trial(run_id, reserve=time.monotonic() < chain_until)
     return status
+
+
+def _publish_trial(trial_id: int) -> None:
+    """A claimed trial shows as running on its run's and its own page."""
+    run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
+    if run_id is not None:
+        live.publish(run_id, trial_id)
 
 
 # --- finishing ------------------------------------------------------------------------------------
@@ -151,6 +161,7 @@ def after_trial(run_id: int, reserve: bool = False) -> int | None:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         sent = run.refresh_counts()
+        live.publish(run_id)
         if not _nothing_left(run):
             return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
     finish_run(run_id)
@@ -163,6 +174,7 @@ def refresh_run(run_id: int) -> Run:
         # Locked, so two workers finishing at once cannot write a stale count last.
         run = Run.objects.select_for_update().get(pk=run_id)
         run.refresh_counts()
+        live.publish(run_id)
     if _nothing_left(run):
         return finish_run(run_id)
     return run
@@ -184,6 +196,7 @@ def finish_run(run_id: int) -> Run:
         run.gate_results = gate_results
         run.gates_passed = gates.all_passed(gate_results)
         run.save(update_fields=["status", "finished_at", "suite_results", "gate_results", "gates_passed"])
+        live.publish(run_id)
     logger.info("run %s %s: %s passed, %s failed, %s errors", run.pk, run.status, run.n_passed,
                 run.n_failed, run.n_error)  # fmt: skip
     return run
@@ -276,6 +289,7 @@ def resume_run(run: Run, by) -> int:
 
 def _reopen(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, cancel_requested=False, finished_at=None)
+    live.publish(run.pk)
     run.refresh_from_db()
     run.refresh_counts()
 

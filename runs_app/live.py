@@ -19,7 +19,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -71,6 +70,15 @@ class Hub:
         )
         self._watched: dict[str, int] = defaultdict(int)  # key -> pages watching it (file backend)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """End the listener (and its LISTEN connection); the next wait starts a new one."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = None
+        self._stopping = threading.Event()
 
     # --- waiting (pages) --------------------------------------------------------------------
 
@@ -133,27 +141,28 @@ class Hub:
         import psycopg
 
         params = connection.get_connection_params()
-        while True:
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
-                    for note in conn.notifies():
-                        run, _, trial = note.payload.partition(":")
-                        self.changed(f"run:{run}")
-                        if trial:
-                            self.changed(f"trial:{trial}")
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            run, _, trial = note.payload.partition(":")
+                            self.changed(f"run:{run}")
+                            if trial:
+                                self.changed(f"trial:{trial}")
             except Exception:  # a restarted database: listen again, and wake every page to catch up
                 logger.warning("live: the LISTEN connection failed; reconnecting", exc_info=True)
                 with self._lock:
                     keys = list(self._versions)
                 for key in keys:
                     self.changed(key)
-                time.sleep(1.0)
+                self._stopping.wait(1.0)
 
     def _listen_files(self) -> None:
         seen: dict[str, int] = {}
         folder = live_dir()
-        while True:
+        while not self._stopping.is_set():
             with self._lock:
                 keys = [key for key, count in self._watched.items() if count > 0]
             for key in keys:
@@ -165,7 +174,7 @@ class Hub:
                 if seen.get(key) not in (None, stamp):
                     self.changed(key)
                 seen[key] = stamp
-            time.sleep(FILE_POLL_SECONDS)
+            self._stopping.wait(FILE_POLL_SECONDS)
 
 
 _hub: Hub | None = None

@@ -35,10 +35,11 @@ from django.utils import timezone
 
 from experiments_app.models import Bundle
 from experiments_app.specs.bundles import extract_bundle
+from runs_app import live
 from runs_app.engine import agents, criteria, environments, gateway, sandbox, workspace
 from runs_app.engine.agents import base as agent_base
 from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
-from runs_app.engine.criteria import live
+from runs_app.engine.criteria import early_stop
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
@@ -153,8 +154,10 @@ class DiskWatch:
 class Recorder:
     """Buffers a trial's events and writes them in small batches (capped per trial)."""
 
-    def __init__(self, trial_id: int, secrets: list[str], first_attempt: bool = False):
-        self.trial_id = trial_id
+    def __init__(
+        self, trial_id: int, secrets: list[str], first_attempt: bool = False, run_id: int | None = None
+    ):
+        self.trial_id, self.run_id = trial_id, run_id
         self.secrets = secrets
         # A first attempt has no events yet (the reaper only writes to re-queued trials).
         last = (
@@ -196,6 +199,8 @@ class Recorder:
         if self.buffer:
             TrialEvent.objects.bulk_create(self.buffer)
             self.buffer = []
+            if self.run_id is not None:  # the trial page streams its transcript
+                live.publish(self.run_id, self.trial_id)
         self.last_flush = time.monotonic()
 
 
@@ -250,12 +255,14 @@ class TrialExecution:
         self.worker = worker
         self.config: dict = trial.config
         self.secret_values: list[str] = []
-        self.recorder = Recorder(trial.pk, self.secret_values, first_attempt=trial.attempt == 1)
+        self.recorder = Recorder(
+            trial.pk, self.secret_values, first_attempt=trial.attempt == 1, run_id=trial.run_id
+        )
         self.heartbeat = Heartbeat(trial, worker)
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
-        self.early_stop: live.EarlyStop | None = None
+        self.early_stop: early_stop.EarlyStop | None = None
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -531,7 +538,7 @@ class TrialExecution:
         parser = kind.parser(agent_config)
         run_limits = self.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
-        watcher = live.Watcher.for_config(self.config)
+        watcher = early_stop.Watcher.for_config(self.config)
 
         def record_calls() -> None:
             if model_gateway is not None:
@@ -595,7 +602,7 @@ class TrialExecution:
         return self._agent_outcome(outcome, result)
 
     def _tool_call_limit(
-        self, calls: list[dict], run_limits: dict, watcher: live.Watcher | None
+        self, calls: list[dict], run_limits: dict, watcher: early_stop.Watcher | None
     ) -> str | None:
         """`max_tool_calls` crossed, or an armed criterion decided the trial (coder-eval's early
         stop): either stops the agent, which is then graded."""
@@ -654,8 +661,8 @@ class TrialExecution:
         result = criteria.grade(specs, context)
         outcome.trajectory = {"tool_calls": tool_calls, "final_text": agent.final_text[:FINAL_TEXT_CAP]}
         if outcome.stopped_early:
-            result.passed = not result.error and live.armed_gate_passed(
-                specs, result.criteria, live.gate_threshold(self.config)
+            result.passed = not result.error and early_stop.armed_gate_passed(
+                specs, result.criteria, early_stop.gate_threshold(self.config)
             )
         outcome.criteria = result.criteria
         outcome.score = result.score
@@ -892,6 +899,7 @@ class TrialExecution:
                 logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
                 return False
             self.recorder.flush()  # the last events land with the outcome, or not at all
+            live.publish(self.trial.run_id, self.trial.pk)
             CriterionResult.objects.bulk_create(
                 [
                     CriterionResult(

@@ -1,10 +1,12 @@
 """The run page's live updates: one Server-Sent Events stream, and the polling fallback.
 
-Each check sends the page's live fragments (progress, variants, trials) as out-of-band swaps
-when the run's counts or status changed; the stream ends once the run is final.
+The stream waits on the web process's one listener (`runs_app.live`): a worker's change to the
+run wakes it, it checks the run's counts and status, and sends the page's live fragments
+(progress, variants, trials) as out-of-band swaps when they changed. It holds no database
+connection while it waits (each check returns its connection at once), and re-checks every
+few seconds in case a notice was missed. It ends once the run is final.
 """
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import NamedTuple
@@ -12,14 +14,17 @@ from typing import NamedTuple
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
+from runs_app import live
 from runs_app.models import Run
 from runs_app.web.runs import get_run_for_user, run_context, trial_filters
 
-STREAM_INTERVAL_SECONDS = 0.5
+# Without a notice, a stream still checks this often (a missed notice costs at most this).
+STREAM_CHECK_SECONDS = 5.0
 # A comment line now and then lets proxies keep the connection and lets a WSGI server notice
 # a browser that left (the write fails).
 STREAM_KEEPALIVE_SECONDS = 15.0
@@ -96,27 +101,40 @@ class RunStream:
         return out
 
 
+def _checked(stream: RunStream) -> bytes:
+    """One check, its database connection given back at once: an idle stream holds none."""
+    try:
+        return stream.step()
+    finally:
+        if not connection.in_atomic_block:  # (a test's transaction is not ours to end)
+            connection.close()
+
+
 def _sync_events(stream: RunStream) -> Iterator[bytes]:
+    listener, key = live.hub(), f"run:{stream.run_id}"
     yield b"retry: 2000\n\n"
     while True:
-        chunk = stream.step()
+        since = listener.version(key)
+        chunk = _checked(stream)
         if chunk:
             yield chunk
         if stream.done:
             return
-        time.sleep(STREAM_INTERVAL_SECONDS)
+        listener.wait_sync(key, STREAM_CHECK_SECONDS, since=since)
 
 
 async def _async_events(stream: RunStream) -> AsyncIterator[bytes]:
-    step = sync_to_async(stream.step)  # the ORM is sync: one short thread hop per check
+    listener, key = live.hub(), f"run:{stream.run_id}"
+    check = sync_to_async(_checked)  # the ORM is sync: one short thread hop per check
     yield b"retry: 2000\n\n"
     while True:
-        chunk = await step()
+        since = listener.version(key)
+        chunk = await check(stream)
         if chunk:
             yield chunk
         if stream.done:
             return
-        await asyncio.sleep(STREAM_INTERVAL_SECONDS)
+        await listener.wait(key, STREAM_CHECK_SECONDS, since=since)
 
 
 @login_required

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from runs_app.engine.criteria import CriterionResult, graded_calls
-from runs_app.engine.criteria.live import (
+from runs_app.engine.criteria.early_stop import (
     CRITERION_FAILED,
     CRITERION_PASSED,
     DECISION_BUDGET_EXCEEDED,

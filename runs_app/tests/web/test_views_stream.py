@@ -10,7 +10,7 @@ from runs_app.web import stream
 
 @pytest.fixture(autouse=True)
 def _fast_stream(monkeypatch):
-    monkeypatch.setattr(stream, "STREAM_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(stream, "STREAM_CHECK_SECONDS", 0.01)
 
 
 def _events(chunks: list[bytes]) -> list[tuple[str, str]]:
@@ -106,3 +106,56 @@ def test_it_serves_the_stream_from_an_async_generator_under_asgi(member):
     assert content_type == "text/event-stream"
     assert is_async  # an async iterator: uvicorn sends each event as it comes
     assert [name for name, _ in _events(chunks)] == ["update", "done"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_published_change_wakes_the_stream_at_once_not_on_its_next_check(member_client, monkeypatch):
+    """Push, not poll: with a check only every 30 s, the update still arrives within a second."""
+    import threading
+    import time
+
+    from runs_app import control
+
+    monkeypatch.setattr(stream, "STREAM_CHECK_SECONDS", 30.0)
+    run = launched_run()
+    chunks = iter(member_client.get(reverse("run_stream", args=[run.pk])).streaming_content)
+    assert next(chunks).startswith(b"retry: ") and _events([next(chunks)])[0][0] == "update"
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
+    reader.start()
+    time.sleep(0.3)  # the stream is waiting now
+
+    started = time.monotonic()
+    finish_trial(run.trials.order_by("pk").first(), "passed")
+    control.refresh_run(run.pk)  # recounts and publishes, as a worker does after each trial
+    reader.join(timeout=5)
+
+    assert got, "no update within 5 s"
+    assert time.monotonic() - started < 1.0
+    assert 'data-count="passed">1<' in _events(got)[0][1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_wakes_waiters_of_the_key_that_changed_only():
+    import threading
+    import time
+
+    from runs_app import live
+
+    hub = live.hub()
+    woke: dict[str, bool] = {}
+    since = {key: hub.version(key) for key in ("run:901", "run:902")}
+    waiters = [
+        threading.Thread(target=lambda k=key: woke.__setitem__(k, hub.wait_sync(k, 3, since=since[k])))
+        for key in since
+    ]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    live.publish(901)
+    waiters[0].join(timeout=5)
+    elapsed = time.monotonic() - started
+    waiters[1].join(timeout=5)
+
+    assert woke == {"run:901": True, "run:902": False} and elapsed < 1.0
