@@ -303,6 +303,12 @@ REDISPATCH_AFTER_SECONDS = env_int("REDISPATCH_AFTER_SECONDS", 60, minimum=1)
 TRIAL_EVENT_CAP = env_int("TRIAL_EVENT_CAP", 2000, minimum=10)
 AGENT_OUTPUT_CAP_BYTES = env_int("AGENT_OUTPUT_CAP_BYTES", 256 * 1024, minimum=1024)
 DIFF_CAP_BYTES = env_int("DIFF_CAP_BYTES", 256 * 1024, minimum=1024)
+# Fail fast: a run stops (its queued trials cancelled) once this many trials ended in the same
+# error before any trial was graded, e.g. every trial needing a key the workers lack. 0: never.
+FAIL_FAST_AFTER = env_int("FAIL_FAST_AFTER", 5, minimum=0)
+# A worker process reports every WORKER_HEARTBEAT_SECONDS; the run page says no worker is there
+# after three missed reports.
+WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 10, minimum=1)
 # Worker environment variables an agent may receive (by naming them in its config). Nothing
 # else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
 AGENT_SECRET_NAMES = env_list(

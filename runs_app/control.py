@@ -19,7 +19,8 @@ from functools import partial
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from runs_app import live
@@ -38,6 +39,8 @@ DISPATCH_RUN = "runs_app.tasks.dispatch_run"
 CHAIN_SECONDS = 2.0
 # Who controls a run from a terminal (`evalrun --resume`): the machine's operator, not a user.
 COMMAND_LINE = "the command line"
+# Errors are grouped by category and the first this many characters of their message.
+ERROR_GROUP_CHARS = 200
 
 
 class ControlRefused(Exception):
@@ -141,6 +144,44 @@ def execute(trial_id: int, worker: str) -> str | None:
     return status
 
 
+def error_groups(run: Run, limit: int = 10) -> list[dict]:
+    """The run's errored trials grouped by category and the start of the message, most first."""
+    return list(
+        Trial.objects.for_run(run)
+        .current()
+        .filter(status=Trial.Status.ERROR)
+        .annotate(message=Substr("error_message", 1, ERROR_GROUP_CHARS))
+        .values("error_category", "message")
+        .annotate(n=Count("pk"))
+        .order_by("-n", "error_category", "message")[:limit]
+    )
+
+
+def _fail_fast(run: Run) -> None:
+    """Stop a run whose trials all end in the same error before any is graded (the caller holds
+    the run's row lock): K identical errors and no pass or fail yet."""
+    threshold = settings.FAIL_FAST_AFTER
+    if not threshold or run.cancel_requested or run.n_error < threshold or run.n_passed + run.n_failed:
+        return
+    top = error_groups(run, limit=1)
+    if not top or top[0]["n"] < threshold:
+        return
+    group = top[0]
+    message = group["message"].splitlines()[0] if group["message"] else ""
+    run.stop_reason = (
+        f"stopped early: {group['n']} trials ended in the same error before any trial was graded "
+        f"({group['error_category'] or 'error'}: {message}). Fix it, then resume or re-run "
+        f"(FAIL_FAST_AFTER={threshold} sets how many)"
+    )
+    run.cancel_requested = True
+    run.save(update_fields=["stop_reason", "cancel_requested"])
+    Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED).update(
+        status=Trial.Status.CANCELLED, finished_at=timezone.now(), error_category="fail_fast"
+    )
+    run.refresh_counts()
+    logger.warning("run %s: %s", run.pk, run.stop_reason)
+
+
 def _publish_trial(trial_id: int) -> None:
     """A claimed trial shows as running on its run's and its own page."""
     run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
@@ -161,6 +202,7 @@ def after_trial(run_id: int, reserve: bool = False) -> int | None:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         sent = run.refresh_counts()
+        _fail_fast(run)
         live.publish(run_id)
         if not _nothing_left(run):
             return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
@@ -288,7 +330,9 @@ def resume_run(run: Run, by) -> int:
 
 
 def _reopen(run: Run) -> None:
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, cancel_requested=False, finished_at=None)
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.RUNNING, cancel_requested=False, finished_at=None, stop_reason=""
+    )
     live.publish(run.pk)
     run.refresh_from_db()
     run.refresh_counts()

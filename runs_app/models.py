@@ -55,6 +55,8 @@ class Run(models.Model):
     keep_artifacts = models.BooleanField(default=False)
     historical = models.BooleanField(default=False, help_text="Imported results: read-only")
     cancel_requested = models.BooleanField(default=False)
+    # Why the run stopped before its end, in words (fail-fast: the error every trial hit).
+    stop_reason = models.TextField(blank=True)
     # Counts are derived from trial outcomes (refresh_counts), never from exit codes.
     n_trials = models.PositiveIntegerField(default=0)
     n_queued = models.PositiveIntegerField(default=0)

@@ -3,16 +3,23 @@
 control.py sends `dispatch_run` and `execute_trial` by these names (`runs_app.tasks.<name>`).
 """
 
+import logging
 import os
 import socket
+import threading
+import time
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
+from django.db import close_old_connections
 from django.utils import timezone
 
 from runs_app import control
 from runs_app.engine import runner
 from runs_app.models import Worker
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task
@@ -41,7 +48,22 @@ def record_heartbeat(name: str) -> None:
 @worker_ready.connect
 def _reap_at_start(sender, **kwargs) -> None:
     """A worker that starts after a crash recovers the dead worker's trials without waiting for
-    beat, and removes the sandbox folders they left on this host."""
+    beat, and removes the sandbox folders they left on this host. Then it reports that it is
+    alive every WORKER_HEARTBEAT_SECONDS, from its main process (the run page's worker banner)."""
     runner.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
+    threading.Thread(target=_beat, args=(sender.hostname,), name="worker-heartbeat", daemon=True).start()
+
+
+def _beat(name: str) -> None:
+    while True:
+        time.sleep(settings.WORKER_HEARTBEAT_SECONDS)
+        try:
+            Worker.objects.update_or_create(
+                name=name, defaults={"hostname": socket.gethostname(), "last_seen_at": timezone.now()}
+            )
+        except Exception:  # a database restart: report on the next beat
+            logger.warning("worker heartbeat failed", exc_info=True)
+        finally:
+            close_old_connections()

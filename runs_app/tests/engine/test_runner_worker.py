@@ -481,3 +481,24 @@ def test_env_packages_are_installed_once_per_host_and_mounted_read_only(tmp_path
     ]
     node = [p for p in envs.glob("node-*") if (p / "node_modules/is-number/package.json").is_file()]
     assert (len(python), len(node)) == (1, 1)
+
+
+def test_a_run_whose_trials_all_hit_one_setup_error_stops_and_says_why(tmp_path):
+    # codex without OPENAI_API_KEY: every trial errors in setup with the same message
+    small_suite(tmp_path, 1, "true")
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: keyless\nmax_parallel: 1\ndefaults: {repeats: 12}\nvariants:\n"
+        "  - variant_id: codex\n    agent: {type: codex, model: gpt-5.5}\n",
+    )
+    worker = WorkerProcess(tmp_path, extra_env={"OPENAI_API_KEY": ""}).start()
+    try:
+        run = wait_for_run(launch_run(experiment), timeout=60, worker=worker)
+    finally:
+        worker.kill()
+
+    counts = Counter(Trial.objects.filter(run=run).values_list("status", flat=True))
+    assert run.status == "cancelled" and counts["error"] >= settings.FAIL_FAST_AFTER, counts
+    assert counts["cancelled"] >= 12 - settings.FAIL_FAST_AFTER - 1  # the rest never ran
+    assert "ended in the same error before any trial was graded" in run.stop_reason
+    assert "OPENAI_API_KEY" in run.stop_reason

@@ -216,3 +216,46 @@ def test_it_reruns_the_same_tasks_as_a_new_run(member_client, member):
     assert new.started_by == member
     assert sorted(new.config["tasks"]) == sorted(run.config["tasks"])
     assert new.sample_seed == run.sample_seed
+
+
+@pytest.mark.django_db
+def test_it_groups_errors_by_cause_with_counts_and_a_link_to_those_trials(member_client):
+    run = launched_run()
+    trials = list(run.trials.order_by("pk"))
+    for trial in trials[:3]:
+        finish_trial(
+            trial, "error", error_category="setup", error_message="codex needs the API key OPENAI_API_KEY"
+        )
+    finish_trial(trials[3], "error", error_category="grader", error_message="criterion 1 (run_command): boom")
+    run.refresh_counts()
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    filtered = member_client.get(
+        reverse("run_detail", args=[run.pk]), {"status": "error", "category": "grader"}
+    )
+
+    digest = page.split('data-testid="error-digest"')[1].split("</ul>")[0]
+    assert digest.index("<strong>3</strong> × setup") < digest.index("<strong>1</strong> × grader")
+    assert "needs the API key OPENAI_API_KEY" in digest and "?status=error&amp;category=setup" in digest
+    assert filtered.context["trials"] == [trials[3]]
+
+
+@pytest.mark.django_db
+def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs_app.models import Worker
+
+    run = launched_run()
+    url = reverse("run_detail", args=[run.pk])
+    assert 'data-testid="no-worker"' in member_client.get(url).content.decode()
+
+    Worker.objects.create(name="celery@host-a", last_seen_at=timezone.now() - timedelta(minutes=5))
+    stale = member_client.get(url).content.decode()
+    assert 'data-testid="no-worker"' in stale and "since 5" in stale
+
+    Worker.objects.filter(name="celery@host-a").update(last_seen_at=timezone.now())
+    alive = member_client.get(url).content.decode()
+    assert 'data-testid="no-worker"' not in alive and "celery@host-a (0 running)" in alive
