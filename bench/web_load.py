@@ -228,8 +228,9 @@ def main() -> None:
     url, admin = scratch_database(server)
     folder = Path(tempfile.mkdtemp(prefix="web-load-"))
     env = {
-        **os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": BROKER, "EVALSITE_VAR_DIR": str(folder / "var"),
-        "DJANGO_SETTINGS_MODULE": "evalsite.settings", "PYTHONUNBUFFERED": "1",
+        **os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": BROKER,
+        "EVALSITE_VAR_DIR": str(folder / "var"), "DJANGO_SETTINGS_MODULE": "evalsite.settings",
+        "PYTHONUNBUFFERED": "1",
     }  # fmt: skip
     os.environ.update(env)
     python = str(ROOT / ".venv" / "bin" / "python")
