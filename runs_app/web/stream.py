@@ -16,11 +16,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from runs_app import live
-from runs_app.models import Run
+from runs_app.models import Run, Trial, TrialEvent
+from runs_app.web.presenters import event_row
 from runs_app.web.runs import get_run_for_user, run_context, trial_filters
 
 # Without a notice, a stream still checks this often (a missed notice costs at most this).
@@ -110,8 +112,59 @@ def _checked(stream: RunStream) -> bytes:
             connection.close()
 
 
-def _sync_events(stream: RunStream) -> Iterator[bytes]:
-    listener, key = live.hub(), f"run:{stream.run_id}"
+@login_required
+@require_GET
+def run_stream(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
+    """The run page's one stream. Under ASGI (uvicorn) an async generator, so a waiting stream
+    holds no thread; under WSGI (the dev server, the test client) a sync one. Each server
+    would otherwise read the other kind to its end before sending anything."""
+    run = get_run_for_user(request, run_id)
+    _, filters = trial_filters(request)
+    stream = RunStream(run.pk, filters, request)
+    key = f"run:{stream.run_id}"
+    events = _async_loop(stream, key) if isinstance(request, ASGIRequest) else _sync_loop(stream, key)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx would buffer the stream
+    return response
+
+
+class TrialStream:
+    """The trial page's transcript, streamed: the events after `after`, as they are written,
+    until the trial ends (then an "ended" note and "done")."""
+
+    def __init__(self, trial_id: int, after: int, request: HttpRequest | None = None):
+        self.trial_id, self.after, self.request = trial_id, after, request
+        self.done = False
+        self.last_sent = time.monotonic()
+
+    def step(self) -> bytes:
+        status = Trial.objects.filter(pk=self.trial_id).values_list("status", flat=True).first()
+        events = list(
+            TrialEvent.objects.filter(trial_id=self.trial_id, seq__gt=self.after).order_by("seq")[:500]
+        )
+        out = b""
+        if events:
+            self.after = events[-1].seq
+            rows = [event_row(e) for e in events]
+            html = render_to_string(
+                "runs/trial_detail.html#event_items", {"events": rows, "streamed": True}, request=self.request
+            )
+            out = sse_event("events", html)
+        if status is None or status in Trial.FINAL_STATUSES:
+            if len(events) < 500:  # every event sent: say it ended, then close
+                note = f'· {status or "gone"}: <a href="">reload</a> for its criteria and diff'
+                out += sse_event("ended", note) + sse_event("done", "end")
+                self.done = True
+        elif not out and time.monotonic() - self.last_sent > STREAM_KEEPALIVE_SECONDS:
+            out = b": keep-alive\n\n"
+        if out:
+            self.last_sent = time.monotonic()
+        return out
+
+
+def _sync_loop(stream, key: str) -> Iterator[bytes]:
+    listener = live.hub()
     yield b"retry: 2000\n\n"
     while True:
         since = listener.version(key)
@@ -123,9 +176,9 @@ def _sync_events(stream: RunStream) -> Iterator[bytes]:
         listener.wait_sync(key, STREAM_CHECK_SECONDS, since=since)
 
 
-async def _async_events(stream: RunStream) -> AsyncIterator[bytes]:
-    listener, key = live.hub(), f"run:{stream.run_id}"
-    check = sync_to_async(_checked)  # the ORM is sync: one short thread hop per check
+async def _async_loop(stream, key: str) -> AsyncIterator[bytes]:
+    listener = live.hub()
+    check = sync_to_async(_checked)
     yield b"retry: 2000\n\n"
     while True:
         since = listener.version(key)
@@ -139,17 +192,19 @@ async def _async_events(stream: RunStream) -> AsyncIterator[bytes]:
 
 @login_required
 @require_GET
-def run_stream(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
-    """The run page's one stream. Under ASGI (uvicorn) an async generator, so a waiting stream
-    holds no thread; under WSGI (the dev server, the test client) a sync one. Each server
-    would otherwise read the other kind to its end before sending anything."""
-    run = get_run_for_user(request, run_id)
-    _, filters = trial_filters(request)
-    stream = RunStream(run.pk, filters, request)
-    events = _async_events(stream) if isinstance(request, ASGIRequest) else _sync_events(stream)
+def trial_stream(request: HttpRequest, run_id: int, trial_id: int) -> StreamingHttpResponse:
+    get_run_for_user(request, run_id)
+    trial = get_object_or_404(Trial.objects.only("pk"), pk=trial_id, run_id=run_id)
+    try:
+        after = max(0, int(request.GET.get("after", 0)))
+    except ValueError:
+        after = 0
+    stream = TrialStream(trial.pk, after, request)
+    key = f"trial:{stream.trial_id}"
+    events = _async_loop(stream, key) if isinstance(request, ASGIRequest) else _sync_loop(stream, key)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx would buffer the stream
+    response["X-Accel-Buffering"] = "no"
     return response
 
 

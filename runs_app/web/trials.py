@@ -39,6 +39,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "criteria": trial.criterion_results.all(),
         "events": [event_row(e) for e in events[:TRANSCRIPT_LIMIT]],
         "events_truncated": len(events) > TRANSCRIPT_LIMIT,
+        "last_seq": events[-1].seq if events else 0,
         "attempts": attempts,
         "config_yaml": as_text(trial.config) if trial.config else "",
         "lineage": sorted(trial.lineage.items()),

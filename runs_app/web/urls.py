@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
+    path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),
     # Comparison pages; `?format=csv|json&table=summary|trials` on either gives the downloads.
     path("runs/<int:run_id>/compare/", compare.run_compare, name="run_compare"),
     path("experiments/", experiments.experiment_list, name="experiment_list"),

@@ -159,3 +159,48 @@ def test_the_listener_wakes_waiters_of_the_key_that_changed_only():
     waiters[1].join(timeout=5)
 
     assert woke == {"run:901": True, "run:902": False} and elapsed < 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_trial_page_streams_its_transcript_while_the_agent_runs(member_client, monkeypatch):
+    import threading
+    import time
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from runs_app import live
+    from runs_app.models import Trial, TrialEvent
+
+    monkeypatch.setattr(stream, "STREAM_CHECK_SECONDS", 30.0)
+    run = launched_run()
+    trial = run.trials.order_by("pk").first()
+    Trial.objects.filter(pk=trial.pk).update(status="running", started_at=timezone.now())
+    TrialEvent.objects.create(trial=trial, seq=1, at=timezone.now(), kind="phase", data={"phase": "setup"})
+    page = member_client.get(reverse("trial_detail", args=[run.pk, trial.pk])).content.decode()
+    assert "?after=1" in page and "new events appear as they happen" in page
+
+    chunks = iter(
+        member_client.get(reverse("trial_stream", args=[run.pk, trial.pk]) + "?after=1").streaming_content
+    )
+    assert next(chunks).startswith(b"retry: ")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
+    reader.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    with transaction.atomic():  # as the worker's recorder writes a batch of events
+        TrialEvent.objects.create(
+            trial=trial, seq=2, at=timezone.now(), kind="message", data={"text": "<b>hi</b>"}
+        )
+        live.publish(run.pk, trial.pk)
+    reader.join(timeout=5)
+
+    assert got and time.monotonic() - started < 1.0
+    [(name, html)] = _events(got)
+    assert name == "events" and 'data-seq="2"' in html and 'data-seq="1"' not in html
+    assert "&lt;b&gt;hi&lt;/b&gt;" in html and "<b>hi</b>" not in html  # agent text is escaped
+    Trial.objects.filter(pk=trial.pk).update(status="passed", finished_at=timezone.now())
+    live.publish(run.pk, trial.pk)
+    rest = _events(list(chunks))
+    assert [name for name, _ in rest] == ["ended", "done"]
