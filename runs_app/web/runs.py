@@ -182,6 +182,19 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_run_for_user(request, run_id)
+    try:
+        count = control.resume_run(run, request.user)
+    except control.ControlRefused as refusal:
+        _refused(request, refusal)
+        return redirect(run)
+    messages.success(request, f"Resumed: {count} trial{'s' if count != 1 else ''} to run.")
+    return redirect(run)
+
+
+@login_required
+@require_POST
 def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for_user(request, run_id)
     try:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("runs/<int:run_id>/progress/", stream.run_progress, name="run_progress"),
     path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("runs/<int:run_id>/resume/", runs.run_resume, name="run_resume"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
     path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),

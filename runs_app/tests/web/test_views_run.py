@@ -22,7 +22,7 @@ def test_it_sends_anonymous_visitors_to_login(client, name):
     assert response["Location"].startswith(reverse("login"))
 
 
-@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_rerun"])
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun"])
 def test_it_does_not_let_anonymous_visitors_act_on_a_run(client, name):
     run = launched_run()
 
@@ -34,7 +34,7 @@ def test_it_does_not_let_anonymous_visitors_act_on_a_run(client, name):
     assert Run.objects.get().status == Run.Status.QUEUED
 
 
-@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_rerun"])
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun"])
 def test_it_refuses_get_on_run_actions(member_client, name):
     run = launched_run()
 
@@ -184,7 +184,7 @@ def test_it_lets_a_member_cancel_a_run_they_started(member_client, member):
 def test_it_refuses_to_cancel_or_retry_someone_elses_run(member_client, outsider, admin_user):
     run = finish_run(launched_run(user=outsider), ["passed", "error"])
 
-    for name in ("run_cancel", "run_retry"):
+    for name in ("run_cancel", "run_retry", "run_resume"):
         assert member_client.post(_url(name, run)).status_code == 403
     assert Trial.objects.filter(run=run, attempt=2).count() == 0
 
@@ -259,3 +259,22 @@ def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client):
     Worker.objects.filter(name="celery@host-a").update(last_seen_at=timezone.now())
     alive = member_client.get(url).content.decode()
     assert 'data-testid="no-worker"' not in alive and "celery@host-a (0 running)" in alive
+
+
+@pytest.mark.django_db
+def test_a_cancelled_run_says_how_many_ran_and_can_be_resumed(member_client, member):
+    from runs_app import control
+
+    run = launched_run(user=member)
+    finish_trial(run.trials.order_by("pk").first(), "passed")
+    control.cancel_run(run, member)
+    url = reverse("run_detail", args=[run.pk])
+
+    page = member_client.get(url).content.decode()
+    assert "1 of 6 trials ran, 5 cancelled" in page and "Resume 5 cancelled" in page
+
+    response = member_client.post(reverse("run_resume", args=[run.pk]))
+
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == "running" and run.n_queued == 5 and run.n_passed == 1
