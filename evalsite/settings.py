@@ -239,6 +239,15 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# Behind TLS (production): secure cookies, HSTS and the proxy's scheme header, from the
+# environment (docs/deploy.md). Off by default: `make run` serves plain HTTP on loopback.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+if env_bool("BEHIND_TLS_PROXY", False):  # the proxy says https in X-Forwarded-Proto
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    USE_X_FORWARDED_HOST = True
 
 # --- Celery -----------------------------------------------------------------
 

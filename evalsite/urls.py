@@ -14,3 +14,6 @@ urlpatterns = [
     path("", include("experiments_app.urls")),
     path("", include("runs_app.web.urls")),
 ]
+
+handler404 = "evalsite.errors.not_found"
+handler500 = "evalsite.errors.server_error"

@@ -124,6 +124,8 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 @api.exception_handler(ValidationError)
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    if request.method in ("POST", "PUT", "PATCH") and not request.body:
+        return _error(request, 400, "the request needs a JSON body (Content-Type: application/json)")
     problems = [(_field_name(err.get("loc", ())), str(err.get("msg", "invalid"))) for err in exc.errors]
     detail = "; ".join(f"{field}: {msg}" if field else msg for field, msg in problems) or "invalid request"
     return _error(request, 422, detail, problems[0][0] if problems else None)

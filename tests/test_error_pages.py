@@ -1,0 +1,34 @@
+"""Unknown pages: a styled 404 for people, JSON for API clients; an empty API body is a 400."""
+
+import pytest
+
+
+@pytest.mark.django_db
+def test_an_unknown_page_is_the_sites_404_and_an_unknown_api_path_answers_json(member_client, client):
+    page = member_client.get("/no/such/page/")
+    api = client.get("/api/no/such/endpoint")
+
+    assert page.status_code == 404 and "Back to the dashboard" in page.content.decode()
+    assert api.status_code == 404 and api["Content-Type"] == "application/json"
+    assert "no API endpoint at /api/no/such/endpoint" in api.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_an_api_post_without_a_body_is_a_400_that_says_what_is_missing(member):
+    from django.test import Client
+
+    from runs_app.tests.web.builders import smoke_experiment
+    from runs_app.tokens import create_token
+
+    _, token = create_token(member, "t")
+    url = f"/api/experiments/{smoke_experiment().slug}/runs"
+    response = Client().generic("POST", url, b"", HTTP_AUTHORIZATION=f"Bearer {token}")  # as `curl -X POST`
+
+    assert response.status_code == 400, response.content
+    assert "needs a JSON body" in response.json()["detail"]
+
+
+def test_the_site_has_a_favicon():
+    from django.conf import settings
+
+    assert (settings.BASE_DIR / "static" / "favicon.svg").is_file()
