@@ -7,6 +7,7 @@ Production sets DATABASE_URL and CELERY_BROKER_URL.
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -131,6 +132,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "ninja",
+    "csp",
+    "axes",
     "experiments_app",
     "runs_app",
 ]
@@ -145,6 +148,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last: it reads the authentication the middlewares above set up.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "evalsite.urls"
@@ -240,6 +246,34 @@ CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cook
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Content Security Policy (django-csp): scripts only from this site (no inline script, no eval:
+# htmx's conditions live in evalsite.js); inline styles stay allowed, since htmx, Plotly and
+# the progress bars' widths set them.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+# Login throttling (django-axes): a username + address is locked out after this many failed
+# logins for AXES_COOLOFF_MINUTES (the login page says so; an admin can `manage.py axes_reset`).
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 # Behind TLS (production): secure cookies, HSTS and the proxy's scheme header, from the
 # environment (docs/deploy.md). Off by default: `make run` serves plain HTTP on loopback.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)

@@ -32,3 +32,27 @@ def test_the_site_has_a_favicon():
     from django.conf import settings
 
     assert (settings.BASE_DIR / "static" / "favicon.svg").is_file()
+
+
+@pytest.mark.django_db
+def test_logins_are_throttled_after_repeated_wrong_passwords(client, member, settings):
+    from django.urls import reverse
+
+    member.set_password("right-password-1")
+    member.save()
+    url = reverse("login")
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert client.post(url, {"username": member.username, "password": "wrong"}).status_code == 200
+    assert client.post(url, {"username": member.username, "password": "wrong"}).status_code == 429
+
+    locked = client.post(url, {"username": member.username, "password": "right-password-1"})
+
+    assert locked.status_code == 429 and "Too many failed logins" in locked.content.decode()
+
+
+@pytest.mark.django_db
+def test_pages_carry_a_content_security_policy_without_inline_script(member_client):
+    policy = member_client.get("/")["Content-Security-Policy"]
+
+    assert "script-src 'self'" in policy and "'unsafe-eval'" not in policy
+    assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy

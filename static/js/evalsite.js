@@ -6,6 +6,11 @@
   window.evalsiteStreamLive = false;
   document.addEventListener("htmx:sseOpen", function () { window.evalsiteStreamLive = true; });
   document.addEventListener("htmx:sseError", function () { window.evalsiteStreamLive = false; });
+  // (A listener, not an hx-trigger condition: htmx evaluates those as code, which the CSP forbids.)
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (window.evalsiteStreamLive && elt && elt.hasAttribute("data-poll-unless-streaming")) event.preventDefault();
+  });
 
   // Same format as the `duration` template filter.
   function duration(seconds) {
