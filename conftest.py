@@ -56,9 +56,12 @@ def _no_live_listener_outlives_its_test():
     connection, which would keep the test database from being dropped."""
     yield
     from runs_app import live
+    from runs_app.web import stream
 
     if live._hub is not None:
         live._hub.stop()
+    stream._rendered.clear()  # run ids repeat across test databases
+    stream._states.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -50,6 +50,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--viewers", type=int, default=50)
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20)
+    parser.add_argument(
+        "--think",
+        type=float,
+        default=1.0,
+        help="mean seconds a viewer reads a page before the next (0: back to back)",
+    )
     return parser.parse_args()
 
 
@@ -151,8 +157,10 @@ async def request(port: int, path: str, cookie: str) -> tuple[int, bytes]:
     return status, data
 
 
-async def viewer(port: int, paths: list[str], cookie: str, until: float, results: list) -> None:
+async def viewer(port: int, paths: list[str], cookie: str, until: float, results: list, think: float) -> None:
     while time.monotonic() < until:
+        if think:
+            await asyncio.sleep(random.uniform(0.5 * think, 1.5 * think))
         path = random.choice(paths)
         started = time.perf_counter()
         try:
@@ -203,7 +211,7 @@ async def load(args, port: int, setup: dict) -> tuple[list, list, list]:
             streamer(port, setup["streamed"], setup["cookie"], until, arrivals, failures)
             for _ in range(args.sse)
         ),
-        *(viewer(port, pages, setup["cookie"], until, results) for _ in range(args.viewers)),
+        *(viewer(port, pages, setup["cookie"], until, results, args.think) for _ in range(args.viewers)),
     )
     return results, arrivals, failures
 
@@ -286,9 +294,12 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     errors = [(path, status) for path, status, _ in results if status != 200]
     latencies = [1000 * (at - commits[n]) for n, at in arrivals if n in commits]
     pool = settings.DATABASE_POOL_MAX_SIZE
-    bound = args.web_workers * (pool + 1) + 2 + 1 + 2  # web pools + LISTEN each, worker, sampler, bench
+    # each web process: its pool and its LISTEN connection; the worker: 2 children + its heartbeat;
+    # this script: its main thread and the driver (the sampler reads from another database)
+    bound = args.web_workers * (pool + 1) + 3 + 2
     print(
-        f"viewers {args.viewers}, live streams {args.sse}, {args.seconds:.0f} s, uvicorn x{args.web_workers}"
+        f"viewers {args.viewers} (think {args.think:g} s), live streams {args.sse}, {args.seconds:.0f} s, "
+        f"uvicorn x{args.web_workers}"
     )
     print(
         f"page loads      {len(results):6d}  errors {len(errors)}  "
@@ -300,7 +311,7 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     )
     print(
         f"db connections  peak {peak}, bound {bound} ({args.web_workers} web processes x (pool {pool} "
-        "+ LISTEN) + worker 2 + sampler + bench)"
+        "+ LISTEN) + worker 3 + this script 2)"
     )
     share = 100 * loaded / unloaded if unloaded else 0.0
     print(f"worker          {unloaded:.2f} trials/s unloaded, {loaded:.2f} loaded ({share:.0f}%)")

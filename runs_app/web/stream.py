@@ -7,6 +7,7 @@ connection while it waits (each check returns its connection at once), and re-ch
 few seconds in case a notice was missed. It ends once the run is final.
 """
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import NamedTuple
@@ -16,6 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
@@ -55,19 +57,65 @@ def run_stream_update(
     last_state: StreamState | None,
     filters: dict | None = None,
     request: HttpRequest | None = None,
+    csrf_token: str | None = None,
 ) -> tuple[str | None, StreamState | None]:
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
     The state is None when the run no longer exists."""
-    row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
-    if row is None:
+    state = _run_state(run_id)
+    if state is None:
         return None, None
-    state = StreamState(*row)
     if state == last_state:
         return None, state
+    token = csrf_token or (get_token(request) if request is not None else "")
+    return _shared_fragments(run_id, state, filters or {}).replace(CSRF_PLACEHOLDER, token), state
+
+
+def _run_state(run_id: int) -> StreamState | None:
+    """The run's counts and status, read once per notice for all of this process's streams of
+    the run (a stream woken by the same notice, or re-checking within 0.2 s, reuses it)."""
+    version = live.hub().version(f"run:{run_id}")
+    now = time.monotonic()
+    with _rendered_lock:
+        cached = _states.get(run_id)
+    if cached is not None and cached[0] == version and now - cached[1] < STATE_REUSE_SECONDS:
+        return cached[2]
+    row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
+    state = StreamState(*row) if row is not None else None
+    with _rendered_lock:
+        if len(_states) >= MAX_SHARED_RENDERS:
+            _states.clear()
+        _states[run_id] = (version, now, state)
+    return state
+
+
+STATE_REUSE_SECONDS = 0.2
+_states: dict[int, tuple[int, float, StreamState | None]] = {}
+
+
+# The live fragments are rendered once per change of a run for all of a web process's streams
+# that show it with the same filters; each stream then puts its viewer's CSRF token into the
+# forms (the only part of them that depends on who looks). Only the latest state is kept.
+CSRF_PLACEHOLDER = "__evalsite_csrf_token__"
+_rendered: dict[tuple, tuple[StreamState, str]] = {}
+_rendered_lock = threading.Lock()
+MAX_SHARED_RENDERS = 256
+
+
+def _shared_fragments(run_id: int, state: StreamState, filters: dict) -> str:
+    key = (run_id, tuple(sorted((k, str(v)) for k, v in filters.items())))
+    with _rendered_lock:
+        cached = _rendered.get(key)
+    if cached is not None and cached[0] == state:
+        return cached[1]
     run = Run.objects.select_related("experiment").get(pk=run_id)
-    ctx = {**run_context(run, filters or {}), "oob": True}
-    return render_to_string("runs/run_detail.html#live", ctx, request=request), state
+    ctx = {**run_context(run, filters), "oob": True, "csrf_token": CSRF_PLACEHOLDER}
+    html = render_to_string("runs/run_detail.html#live", ctx)
+    with _rendered_lock:
+        if len(_rendered) >= MAX_SHARED_RENDERS:
+            _rendered.clear()
+        _rendered[key] = (state, html)
+    return html
 
 
 def sse_event(name: str, data: str) -> bytes:
@@ -82,12 +130,15 @@ class RunStream:
 
     def __init__(self, run_id: int, filters: dict, request: HttpRequest | None = None):
         self.run_id, self.filters, self.request = run_id, filters, request
+        self.csrf_token = get_token(request) if request is not None else ""
         self.state: StreamState | None = None
         self.done = False
         self.started = self.last_sent = time.monotonic()
 
     def step(self) -> bytes:
-        html, self.state = run_stream_update(self.run_id, self.state, self.filters, self.request)
+        html, self.state = run_stream_update(
+            self.run_id, self.state, self.filters, csrf_token=self.csrf_token
+        )
         now = time.monotonic()
         out = b""
         if html is not None:
@@ -123,6 +174,14 @@ def run_stream(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
     stream = RunStream(run.pk, filters, request)
     key = f"run:{stream.run_id}"
     events = _async_loop(stream, key) if isinstance(request, ASGIRequest) else _sync_loop(stream, key)
+    return _streaming(events)
+
+
+def _streaming(events) -> StreamingHttpResponse:
+    """The response of a stream; the view's own connection is given back first (the request
+    ends only when the stream does, and Django returns connections at a request's end)."""
+    if not connection.in_atomic_block:
+        connection.close()
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx would buffer the stream
@@ -178,7 +237,8 @@ def _sync_loop(stream, key: str) -> Iterator[bytes]:
 
 async def _async_loop(stream, key: str) -> AsyncIterator[bytes]:
     listener = live.hub()
-    check = sync_to_async(_checked)
+    # Off the request's own thread: checks of many streams run side by side in the pool.
+    check = sync_to_async(_checked, thread_sensitive=False)
     yield b"retry: 2000\n\n"
     while True:
         since = listener.version(key)
@@ -202,10 +262,7 @@ def trial_stream(request: HttpRequest, run_id: int, trial_id: int) -> StreamingH
     stream = TrialStream(trial.pk, after, request)
     key = f"trial:{stream.trial_id}"
     events = _async_loop(stream, key) if isinstance(request, ASGIRequest) else _sync_loop(stream, key)
-    response = StreamingHttpResponse(events, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return _streaming(events)
 
 
 @login_required

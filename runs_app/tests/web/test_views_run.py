@@ -62,7 +62,7 @@ def test_it_shows_progress_counts_variants_and_trials(member_client):
     assert "agent_crash" in body
     # While the run is open the page holds one stream and polls only as a fallback.
     assert f'sse-connect="{_url("run_stream", run)}"' in body
-    assert 'hx-trigger="every 2s [!window.evalsiteStreamLive]"' in body
+    assert 'hx-trigger="every 2s" data-poll-unless-streaming' in body
 
 
 def test_it_shows_each_variants_pass_rate_with_the_comparisons_interval(member_client):

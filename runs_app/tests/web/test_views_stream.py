@@ -3,6 +3,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django.urls import reverse
 
+from runs_app import live
 from runs_app.models import Run
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 from runs_app.web import stream
@@ -67,6 +68,7 @@ def test_it_sends_nothing_when_the_run_did_not_change():
     html, state = stream.run_stream_update(run.pk, None)
     again, same = stream.run_stream_update(run.pk, state)
     Run.objects.filter(pk=run.pk).update(n_running=1)
+    live.hub().changed(f"run:{run.pk}")  # the notice a writer's publish brings
     changed, newer = stream.run_stream_update(run.pk, same)
 
     assert html and 'id="run-progress"' in html
