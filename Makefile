@@ -98,13 +98,13 @@ migrate: install
 # The example suite, the demo experiment and an admin account (password printed once).
 demo: migrate
 	$(PY) manage.py import_tasks --set examples examples/tasks
-	$(PY) manage.py import_experiment examples/experiments/demo.yaml --root examples
-	$(PY) manage.py import_experiment examples/experiments/smoke.yaml --root examples
+	$(PY) manage.py import_experiment examples/experiments/demo.yaml --root examples --keep-existing
+	$(PY) manage.py import_experiment examples/experiments/smoke.yaml --root examples --keep-existing
 	$(PY) manage.py ensure_admin
 
 # Web server and one Celery worker on the embedded default (SQLite + filesystem broker).
 run: demo agents sandbox
-	@scripts/run_dev.sh $(HOST) $(PORT)
+	@SITE_URL=$${SITE_URL:-http://$(HOST):$(PORT)} scripts/run_dev.sh $(HOST) $(PORT)
 
 worker: install sandbox
 	$(PY) -m celery -A evalsite worker --loglevel=INFO --concurrency=2

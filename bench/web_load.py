@@ -313,6 +313,13 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
         f"db connections  peak {peak}, bound {bound} ({args.web_workers} web processes x (pool {pool} "
         "+ LISTEN) + worker 3 + this script 2)"
     )
+    by_path: dict[str, list[float]] = {}
+    for path, _, ms in results:
+        by_path.setdefault(path, []).append(ms)
+    print(
+        "  per page p50: "
+        + ", ".join(f"{p} {statistics.median(v):.0f} ms" for p, v in sorted(by_path.items()))
+    )
     share = 100 * loaded / unloaded if unloaded else 0.0
     print(f"worker          {unloaded:.2f} trials/s unloaded, {loaded:.2f} loaded ({share:.0f}%)")
     if errors:

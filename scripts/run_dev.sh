@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the web server and one Celery worker (embedded default) until Ctrl-C.
-set -euo pipefail
+# Runs the web server and one Celery worker (embedded default) until Ctrl-C, or until either of
+# them stops: then the other is stopped too, and the script says which one ended.
+set -uo pipefail
 HOST="${1:-127.0.0.1}"
 PORT="${2:-8000}"
 PY=.venv/bin/python
@@ -8,7 +9,15 @@ mkdir -p var/log
 $PY -m celery -A evalsite worker --loglevel=INFO --concurrency=2 -B \
   --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
 WORKER=$!
-trap 'kill -TERM $WORKER 2>/dev/null; wait $WORKER 2>/dev/null' EXIT INT TERM
+$PY -m uvicorn evalsite.asgi:application --host "$HOST" --port "$PORT" --log-level warning &
+WEB=$!
+trap 'kill -TERM $WORKER $WEB 2>/dev/null; wait $WORKER $WEB 2>/dev/null' EXIT INT TERM
 echo "Celery worker started (pid $WORKER, log: var/log/worker.log)"
 echo "evalsite is at http://$HOST:$PORT/  (admin: http://$HOST:$PORT/admin/)"
-$PY -m uvicorn evalsite.asgi:application --host "$HOST" --port "$PORT" --log-level warning
+wait -n $WORKER $WEB
+if ! kill -0 $WORKER 2>/dev/null; then
+  echo "the Celery worker stopped (see var/log/worker.log): stopping the web server" >&2
+else
+  echo "the web server stopped: stopping the worker" >&2
+fi
+exit 1

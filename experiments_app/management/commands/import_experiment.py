@@ -1,8 +1,20 @@
 from pathlib import Path
 
+import yaml
 from django.core.management.base import BaseCommand, CommandError
 
 from experiments_app.definitions import ImportFailed, import_experiment
+from experiments_app.models import Experiment
+
+
+def _experiment_id(path: Path) -> str | None:
+    """The file's experiment_id, read without importing (None when the file does not say)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    value = data.get("experiment_id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
 
 
 class Command(BaseCommand):
@@ -16,8 +28,16 @@ class Command(BaseCommand):
             help="folder that relative paths may not leave (default: the YAML's folder; use the suite folder "
             "when variants use ../overlays)",
         )
+        parser.add_argument(
+            "--keep-existing",
+            action="store_true",
+            help="leave an experiment of the same ID as it is (`make run` keeps edits to the demo)",
+        )
 
-    def handle(self, *args, path: Path, root: Path | None, **options):
+    def handle(self, *args, path: Path, root: Path | None, keep_existing: bool = False, **options):
+        if keep_existing and (slug := _experiment_id(path)) and Experiment.objects.filter(slug=slug).exists():
+            self.stdout.write(f"Kept experiment {slug} as it is (--keep-existing)")
+            return
         try:
             report = import_experiment(path, root=root)
         except ImportFailed as exc:
