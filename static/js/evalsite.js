@@ -1,6 +1,7 @@
 /* evalsite: the little JavaScript the pages use. Every page works without it. */
 (function () {
   "use strict";
+  document.documentElement.classList.add("js");
 
   // The run page polls only while its event stream is down (see run_detail.html).
   window.evalsiteStreamLive = false;

@@ -278,3 +278,15 @@ def test_a_cancelled_run_says_how_many_ran_and_can_be_resumed(member_client, mem
     assert response.status_code == 302
     run.refresh_from_db()
     assert run.status == "running" and run.n_queued == 5 and run.n_passed == 1
+
+
+@pytest.mark.django_db
+def test_without_javascript_a_running_runs_page_reloads_itself_and_a_finished_one_does_not(member_client):
+    running = launched_run()
+    finished = finish_run(launched_run())
+
+    open_page = member_client.get(reverse("run_detail", args=[running.pk])).content.decode()
+    done_page = member_client.get(reverse("run_detail", args=[finished.pk])).content.decode()
+
+    assert '<noscript><meta http-equiv="refresh" content="10"></noscript>' in open_page
+    assert 'http-equiv="refresh"' not in done_page
