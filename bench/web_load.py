@@ -294,9 +294,10 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     errors = [(path, status) for path, status, _ in results if status != 200]
     latencies = [1000 * (at - commits[n]) for n, at in arrivals if n in commits]
     pool = settings.DATABASE_POOL_MAX_SIZE
-    # each web process: its pool and its LISTEN connection; the worker: 2 children + its heartbeat;
-    # this script: its main thread and the driver (the sampler reads from another database)
-    bound = args.web_workers * (pool + 1) + 3 + 2
+    # each web process: its pool and its LISTEN connection; the worker: its 2 children, its main
+    # process and its heartbeat thread; this script: its main thread and the driver (the sampler
+    # reads from another database)
+    bound = args.web_workers * (pool + 1) + 4 + 2
     print(
         f"viewers {args.viewers} (think {args.think:g} s), live streams {args.sse}, {args.seconds:.0f} s, "
         f"uvicorn x{args.web_workers}"
@@ -311,7 +312,7 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     )
     print(
         f"db connections  peak {peak}, bound {bound} ({args.web_workers} web processes x (pool {pool} "
-        "+ LISTEN) + worker 3 + this script 2)"
+        "+ LISTEN) + worker 4 + this script 2)"
     )
     by_path: dict[str, list[float]] = {}
     for path, _, ms in results:
