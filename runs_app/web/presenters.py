@@ -177,3 +177,18 @@ def event_row(event: TrialEvent) -> EventRow:
         rest = {k: v for k, v in data.items() if k not in ("text", "message", "subtype")}
         row.body = as_text(rest) if rest and kind != TrialEvent.Kind.OUTPUT else ""
     return row
+
+
+def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
+    """The transcript as read: an event that repeats the one before it of its kind word for word
+    (the agent's last usage report and the run's total, an error the stream and the outcome
+    both state) is shown once. Tool results keep their call's name."""
+    rows: list[EventRow] = []
+    last_text: dict[str, str] = {}
+    for event in events:
+        row = event_row(event)
+        if row.kind in (TrialEvent.Kind.USAGE, TrialEvent.Kind.ERROR) and last_text.get(row.kind) == row.text:
+            continue
+        last_text[row.kind] = row.text
+        rows.append(row)
+    return rows

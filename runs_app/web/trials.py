@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from runs_app.models import Trial
-from runs_app.web.presenters import as_text, event_row
+from runs_app.web.presenters import as_text, transcript_rows
 
 TRANSCRIPT_LIMIT = 2000
 
@@ -37,7 +37,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "trial": trial,
         "run": trial.run,
         "criteria": trial.criterion_results.all(),
-        "events": [event_row(e) for e in events[:TRANSCRIPT_LIMIT]],
+        "events": transcript_rows(events[:TRANSCRIPT_LIMIT]),
         "events_truncated": len(events) > TRANSCRIPT_LIMIT,
         "last_seq": events[-1].seq if events else 0,
         "attempts": attempts,

@@ -133,3 +133,24 @@ def test_it_keeps_the_trial_page_query_count_flat(member_client, django_assert_m
         response = member_client.get(trial.get_absolute_url())
 
     assert response.status_code == 200
+
+
+def test_the_transcript_shows_a_repeated_usage_total_and_error_once(member_client):
+    trial = finish_trial(launched_run().trials.order_by("pk").first(), "error")
+    now = timezone.now()
+    usage = {"input_tokens": 10, "output_tokens": 5, "turns": 1}
+    for seq, (kind, data) in enumerate(
+        [
+            ("usage", usage),
+            ("error", {"message": "the API rejected the key", "category": "auth"}),
+            ("usage", usage),  # the run's total, the same as the agent's last report
+            ("error", {"message": "the API rejected the key", "category": "auth"}),
+            ("usage", {**usage, "output_tokens": 6}),  # a new figure is shown
+        ],
+        start=1,
+    ):
+        TrialEvent.objects.create(trial=trial, seq=seq, at=now, kind=kind, data=data)
+
+    page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
+
+    assert [e.seq for e in page.context["events"]] == [1, 2, 5]
