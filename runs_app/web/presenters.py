@@ -11,6 +11,7 @@ import yaml
 from django.db.models import Count, F, Q, Sum
 
 from experiments_app.models import Variant
+from experiments_app.specs import agent_kinds
 from runs_app.analysis.compare import ArmSummary, compare
 from runs_app.analysis.load import load
 from runs_app.models import Run, Trial, TrialEvent
@@ -192,3 +193,15 @@ def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
         last_text[row.kind] = row.text
         rows.append(row)
     return rows
+
+
+def config_for_kind(config: dict) -> tuple[dict, list[str]]:
+    """The resolved config with only the agent options its kind reads (the builtin Claude Code
+    defaults reach every kind's config, where they mean nothing), and the keys left out."""
+    agent = config.get("agent")
+    kind = agent.get("type") if isinstance(agent, dict) else None
+    if kind not in agent_kinds.KIND_OPTIONS:
+        return config, []
+    read = agent_kinds.COMMON_OPTIONS | agent_kinds.KIND_OPTIONS[kind]
+    kept = {k: v for k, v in agent.items() if k in read}
+    return {**config, "agent": kept}, sorted(set(agent) - set(kept))

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from runs_app.models import Trial
-from runs_app.web.presenters import as_text, transcript_rows
+from runs_app.web.presenters import as_text, config_for_kind, transcript_rows
 
 TRANSCRIPT_LIMIT = 2000
 
@@ -33,6 +33,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         .only("run_id", "status", "attempt", "is_latest", "finished_at", "error_category", "error_message")
         .order_by("-attempt", "-pk")
     )
+    shown_config, hidden_keys = config_for_kind(trial.config or {})
     ctx = {
         "trial": trial,
         "run": trial.run,
@@ -41,7 +42,8 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "events_truncated": len(events) > TRANSCRIPT_LIMIT,
         "last_seq": events[-1].seq if events else 0,
         "attempts": attempts,
-        "config_yaml": as_text(trial.config) if trial.config else "",
+        "config_yaml": as_text(shown_config) if trial.config else "",
+        "config_hidden": hidden_keys,
         "lineage": sorted(trial.lineage.items()),
         "run_url": reverse("run_detail", args=[trial.run_id]),
         "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,

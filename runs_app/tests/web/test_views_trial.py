@@ -154,3 +154,16 @@ def test_the_transcript_shows_a_repeated_usage_total_and_error_once(member_clien
     page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
 
     assert [e.seq for e in page.context["events"]] == [1, 2, 5]
+
+
+def test_the_resolved_config_shows_only_the_options_the_agent_kind_reads(member_client):
+    trial = finish_trial(launched_run().trials.order_by("pk").first(), "passed")
+    config = {"agent": {"type": "oracle", "model": "m", "permission_mode": "acceptEdits",
+                        "allowed_tools": ["Bash"]}, "repeats": 1}  # fmt: skip
+    Trial.objects.filter(pk=trial.pk).update(config=config)
+
+    page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
+
+    shown = page.context["config_yaml"]
+    assert "permission_mode" not in shown and "allowed_tools" not in shown and "type: oracle" in shown
+    assert page.context["config_hidden"] == ["allowed_tools", "permission_mode"]
