@@ -205,3 +205,26 @@ def config_for_kind(config: dict) -> tuple[dict, list[str]]:
     read = agent_kinds.COMMON_OPTIONS | agent_kinds.KIND_OPTIONS[kind]
     kept = {k: v for k, v in agent.items() if k in read}
     return {**config, "agent": kept}, sorted(set(agent) - set(kept))
+
+
+def attach_variant_counts(runs: list[Run]) -> list[Run]:
+    """Set `run.variant_counts` = [(variant, passed, failed)] on each run, in one query: lists
+    show each arm, not one rate pooled over arms that differ on purpose. (Counts of graded
+    trials; the run's page gives each arm's estimate with its interval.)"""
+    by_run: dict[int, list[tuple[str, int, int]]] = {run.pk: [] for run in runs}
+    # errors are never fails (analysis.tally), so they are not counted here
+    rows = (
+        Trial.objects.filter(run_id__in=list(by_run))
+        .current()
+        .values("run_id", "variant__slug", "variant__position")
+        .annotate(
+            passed=Count("pk", filter=Q(status=Trial.Status.PASSED)),
+            failed=Count("pk", filter=Q(status=Trial.Status.FAILED)),
+        )
+        .order_by("run_id", "variant__position", "variant__slug")
+    )
+    for row in rows:
+        by_run[row["run_id"]].append((row["variant__slug"], row["passed"], row["failed"]))
+    for run in runs:
+        run.variant_counts = by_run[run.pk]
+    return runs

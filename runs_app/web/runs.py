@@ -23,7 +23,7 @@ from experiments_app.models import Experiment
 from runs_app import control
 from runs_app.launching import LaunchError, launch_run, rerun_options
 from runs_app.models import Run, Trial, Worker, with_last_run
-from runs_app.web.presenters import run_progress_numbers, variant_rows
+from runs_app.web.presenters import attach_variant_counts, run_progress_numbers, variant_rows
 
 RUN_TRIAL_ROWS = 100
 RUN_LIST_ROWS = 50
@@ -62,7 +62,7 @@ def get_run_for_user(request: HttpRequest, run_id: int) -> Run:
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    runs = Run.objects.listed().running_first()[:15]
+    runs = attach_variant_counts(list(Run.objects.listed().running_first()[:15]))
     experiments = with_last_run(Experiment.objects.all()).order_by(
         F("last_run_created_at").desc(nulls_last=True), "slug"
     )[:20]
@@ -80,6 +80,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if filters.get("experiment"):
         runs = runs.filter(experiment__slug=filters["experiment"])
     page = Paginator(runs.order_by("-created_at", "-pk"), RUN_LIST_ROWS).get_page(filters.get("page"))
+    page.object_list = attach_variant_counts(list(page.object_list))
     query = urlencode({k: v for k, v in filters.items() if v and k != "page"})
     return render(request, "runs/run_list.html", {"form": form, "page": page, "query": query})
 

@@ -54,7 +54,7 @@ def test_it_keeps_the_home_page_query_count_flat(member_client, django_assert_ma
         Experiment.objects.create(slug=slug)
     member_client.get(reverse("home"))
 
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):  # + one aggregate for the per-variant counts
         response = member_client.get(reverse("home"))
 
     assert len(response.context["runs"]) == 4
@@ -80,7 +80,30 @@ def test_it_keeps_the_run_list_query_count_flat(member_client, django_assert_max
         launched_run(experiment=experiment)
     member_client.get(reverse("run_list"))
 
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):  # + one aggregate for the per-variant counts
         response = member_client.get(reverse("run_list"))
 
     assert len(response.context["page"]) == 3
+
+
+@pytest.mark.django_db
+def test_lists_show_each_variants_pass_rate_not_one_pooled_over_variants(member_client):
+    from runs_app.tests.web.builders import finish_run, launched_run
+
+    run = finish_run(launched_run(), ["passed", "failed", "passed"])
+    expected = {
+        slug: f"{round(100 * sum(s == 'passed' for s in statuses) / len(statuses))}%"
+        for slug, statuses in _statuses_by_variant(run).items()
+    }
+
+    for url in (reverse("home"), reverse("run_list")):
+        page = member_client.get(url).content.decode()
+        for slug, rate in expected.items():
+            assert f'<span class="muted small">{slug}</span> <span class="rate">{rate}</span>' in page
+
+
+def _statuses_by_variant(run) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for slug, status in run.trials.values_list("variant__slug", "status"):
+        found.setdefault(slug, []).append(status)
+    return found
