@@ -5,6 +5,7 @@ shared by copying its URL; `?format=csv|json&table=summary|trials` downloads the
 """
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -30,8 +31,24 @@ MAX_RUNS = 10
 DEFAULT_RUNS = 2
 
 
+PICKER_RUNS = 20  # the recent runs the picker lists
+
+
 class RunSelectionForm(forms.Form):
-    runs = forms.CharField(required=False, help_text="Run numbers separated by commas, e.g. 3,5")
+    """The runs to compare: ticked in the list of the experiment's recent runs, or typed."""
+
+    pick = forms.TypedMultipleChoiceField(
+        required=False, coerce=int, widget=forms.CheckboxSelectMultiple, label="Runs"
+    )
+    runs = forms.CharField(required=False, help_text="Or run numbers separated by commas, e.g. 3,5")
+
+    def __init__(self, *args: Any, experiment: Experiment | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        recent = Run.objects.filter(experiment=experiment).order_by("-created_at", "-pk")[:PICKER_RUNS]
+        self.fields["pick"].choices = [
+            (run.pk, f"#{run.pk} · {run.get_status_display().lower()} · {run.created_at:%Y-%m-%d %H:%M}")
+            for run in recent
+        ]
 
     def clean_runs(self) -> list[int]:
         raw = self.cleaned_data["runs"].replace(" ", "")
@@ -39,10 +56,15 @@ class RunSelectionForm(forms.Form):
             ids = [int(part) for part in raw.split(",") if part]
         except ValueError:
             raise forms.ValidationError("Give run numbers separated by commas, e.g. 3,5.") from None
-        ids = list(dict.fromkeys(ids))
-        if len(ids) > MAX_RUNS:
-            raise forms.ValidationError(f"Compare at most {MAX_RUNS} runs at once.")
         return ids
+
+    def clean(self) -> dict:
+        data = super().clean()
+        ids = list(dict.fromkeys([*(data.get("pick") or []), *(data.get("runs") or [])]))
+        if len(ids) > MAX_RUNS:
+            self.add_error("runs", f"Compare at most {MAX_RUNS} runs at once.")
+        data["runs"] = sorted(ids)
+        return data
 
 
 class CompareForm(forms.Form):
@@ -75,7 +97,7 @@ def run_compare(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def experiment_compare(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = get_experiment_for_user(request, slug)
-    run_form = RunSelectionForm(request.GET)
+    run_form = RunSelectionForm(request.GET, experiment=experiment)
     runs = _selected_runs(experiment, run_form)
     return _comparison_response(request, experiment, runs, run_form=run_form)
 

@@ -161,8 +161,9 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     old = make_run(experiment, REPEATS, baseline="base")
     new = make_run(experiment, REPEATS, content={"a": "v2"})
     url = reverse("experiment_compare", args=[experiment.slug])
-    # Session, user, experiment, runs, grouped trials, criteria, task versions, variants.
-    with django_assert_num_queries(8):
+    # Session, user, experiment, the picker's recent runs, runs, grouped trials, criteria, task
+    # versions, variants.
+    with django_assert_num_queries(9):
         response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
     assert response.status_code == 200
     comparison = response.context["comparison"]
@@ -171,6 +172,10 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     assert "Task changed between run" in response.content.decode()
     # Without ?runs=: the latest two runs, oldest first.
     assert [run.pk for run in member_client.get(url).context["runs"]] == [old.pk, new.pk]
+    # Ticked in the picker, the same as typed.
+    picked = member_client.get(f"{url}?pick={new.pk}&pick={old.pk}")
+    assert [run.pk for run in picked.context["runs"]] == [old.pk, new.pk]
+    assert f'name="pick" value="{old.pk}"' in picked.content.decode()
 
 
 def test_it_refuses_runs_of_another_experiment(member_client, run):
