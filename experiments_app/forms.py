@@ -8,6 +8,7 @@ imported from YAML edits here without losing the keys the form has no field for 
 the "other" YAML boxes).
 """
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from experiments_app.models import Experiment, Task, TaskSet, Variant
 from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_kinds
 from experiments_app.specs.bundles import read_bundle
 from experiments_app.specs.loading import layer_refs
+from experiments_app.specs.yaml_errors import unknown_key_problems
 
 Loc = tuple[str | int, ...]
 # Paths the create page owns below /experiments/, so no experiment may take these IDs.
@@ -255,14 +257,15 @@ def spec_data(form: ExperimentForm, variant_forms: list[VariantForm]) -> tuple[d
     defaults = dict(data["other_defaults"])
     if data["run_limits"]:
         defaults["run_limits"] = data["run_limits"]
-    defaults["repeats"] = data["repeats"]
+    if data["repeats"] is not None:  # (None: unreadable, see fill_unreadable; the default applies)
+        defaults["repeats"] = data["repeats"]
     spec: dict[str, Any] = {
         "experiment_id": data["experiment_id"],
         "description": data["description"],
         "task_sets": [task_set.name for task_set in data["task_sets"]],
         "tags": split_tags(data["include_tags"]),
         "exclude_tags": split_tags(data["exclude_tags"]),
-        "max_parallel": data["max_parallel"],
+        **({"max_parallel": data["max_parallel"]} if data["max_parallel"] is not None else {}),
         "defaults": defaults,
         "variants": [],
     }
@@ -318,12 +321,61 @@ def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
 
 
 def validate_spec(data: dict) -> tuple[ExperimentSpec | None, list[tuple[Loc, str]]]:
-    """The validated spec, or every problem as (location in the YAML, message)."""
-    try:
-        spec = ExperimentSpec.model_validate(data)
-    except ValidationError as exc:
-        return None, _issues(exc)
-    return spec, []
+    """The validated spec, or every problem as (location in the YAML, message): the importer's
+    rules, unknown keys (`max_turn` in run limits) included."""
+    issues: list[tuple[Loc, str]] = []
+    for _ in range(4):
+        try:
+            spec = ExperimentSpec.model_validate(data)
+        except ValidationError as exc:
+            found = [issue for issue in _issues(exc) if issue not in issues]
+            issues += found
+            # Checks across fields (the baseline, duplicate ids) run only once every field is
+            # valid: without the fields just reported, validate again to find those too.
+            data = copy.deepcopy(data)
+            if not found or not any(_drop(data, loc) for loc, _ in found):
+                return None, issues
+            continue
+        unknown = [issue for issue in unknown_key_problems(spec) if issue not in issues]
+        return (None, issues + unknown) if issues or unknown else (spec, [])
+    return None, issues
+
+
+def _drop(data: Any, loc: Loc) -> bool:
+    """Remove the value at `loc` (so its default applies); whether there was one to remove."""
+    for i, key in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(data, dict) and key in data:
+            if last:
+                del data[key]
+                return True
+            data = data[key]
+        elif isinstance(data, list) and isinstance(key, int) and key < len(data):
+            if last:
+                return False  # keep list positions: they name variants
+            data = data[key]
+        else:
+            return False
+    return False
+
+
+def fill_unreadable(form: forms.Form) -> None:
+    """Give each field that failed its own check a neutral value in `cleaned_data` (its raw text
+    for a text field), so the spec can still be checked as a whole."""
+    for name, form_field in form.fields.items():
+        if name in form.cleaned_data:
+            continue
+        if isinstance(form_field, YamlField):
+            form.cleaned_data[name] = form_field.kind()
+        elif isinstance(form_field, forms.ModelMultipleChoiceField | forms.MultipleChoiceField):
+            form.cleaned_data[name] = []
+        elif isinstance(form_field, forms.IntegerField | forms.FloatField):
+            form.cleaned_data[name] = None
+        elif isinstance(form_field, forms.BooleanField):
+            form.cleaned_data[name] = False
+        else:
+            raw = form[name].value()
+            form.cleaned_data[name] = raw.strip() if isinstance(raw, str) else ""
 
 
 def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
@@ -405,17 +457,22 @@ def apply_issues(
     form: ExperimentForm,
     formset: forms.BaseFormSet,
     sources: list[VariantSource],
+    skip_bad_fields: bool = False,
 ) -> None:
-    """Show each spec problem on the field it came from (the whole form when none fits)."""
+    """Show each spec problem on the field it came from (the whole form when none fits). With
+    `skip_bad_fields`, a field that already failed its own check gets no second message (the
+    spec read it as empty)."""
     for loc, message in issues:
         if len(loc) >= 2 and loc[0] == "variants" and isinstance(loc[1], int) and loc[1] < len(sources):
             variant_form, name, rest = _variant_field(sources[loc[1]], loc[2:])
-            variant_form.add_error(name, _with_path(rest, message))
+            if not (skip_bad_fields and name in variant_form.errors):
+                variant_form.add_error(name, _with_path(rest, message))
         elif loc[:1] == ("variants",):
             formset._non_form_errors = formset.non_form_errors() + [f"variants: {message}"]
         else:
             name, rest = _experiment_field(loc)
-            form.add_error(name, _with_path(rest, message))
+            if not (skip_bad_fields and name in form.errors):
+                form.add_error(name, _with_path(rest, message))
 
 
 def _with_path(rest: Loc, message: str) -> str:

@@ -47,25 +47,33 @@ def _edit(request: HttpRequest, experiment: Experiment | None) -> HttpResponse:
     form = ef.ExperimentForm(data, initial=initial, editing=experiment)
     formset = ef.VariantFormSet(data, initial=variant_initials, prefix="variants")
     formset.extra = 0 if experiment else 2  # a new experiment compares two variants, usually
-    if data is not None and form.is_valid() and formset.is_valid():
-        saved = _save(request, form, formset, experiment)
+    if data is not None:
+        # Every check in one pass: the fields', then the importer's on what could be read, so a
+        # bad field does not hide the baseline or a duplicate variant until the next round.
+        fields_ok = all([form.is_valid(), formset.is_valid()])
+        saved = _save(request, form, formset, experiment, fields_ok)
         if saved is not None:
             messages.success(request, f"Saved experiment {saved.slug}.")
             return redirect(saved)
     return render(request, "experiments/experiment_form.html", _form_context(form, formset, experiment))
 
 
-def _save(request: HttpRequest, form, formset, experiment: Experiment | None) -> Experiment | None:
-    """Validate with the importer's spec and store; None when errors went onto the forms."""
-    deleted = formset.deleted_forms
+def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fields_ok: bool = True):
+    """Validate with the importer's spec and store; None when errors went onto the forms. With
+    `fields_ok` false it only adds the spec's errors (reading each bad field as empty)."""
+    if not fields_ok:
+        ef.fill_unreadable(form)
+        for variant_form in formset.forms:
+            ef.fill_unreadable(variant_form)
+    deleted = [f for f in formset.forms if f.cleaned_data.get("DELETE")]
     variant_forms = [f for f in formset.forms if f not in deleted and f.cleaned_data]
     data, sources = ef.spec_data(form, variant_forms)
     spec, issues = ef.validate_spec(data)
     if spec is not None:
         issues = ef.file_reference_issues(spec, experiment)
     problems = ef.in_use_issues(experiment, sources, deleted)
-    if spec is None or issues or problems:
-        ef.apply_issues(issues, form, formset, sources)
+    if spec is None or issues or problems or not fields_ok:
+        ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)
         return None
     name = form.cleaned_data["name"].strip()
     try:
@@ -77,12 +85,25 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None) ->
 
 def _form_context(form, formset, experiment: Experiment | None) -> dict:
     selection = ef.TaskSelectionForm(form.data or None, initial=form.initial)
+    problems = [
+        *(f"{_label(form, name)}: {e}" for name, errors in form.errors.items() for e in errors),
+        *(
+            f"variant {i + 1} · {_label(vf, name)}: {e}"
+            for i, vf in enumerate(formset.forms) for name, errors in vf.errors.items() for e in errors
+        ),
+        *(f"variants: {e}" for e in formset.non_form_errors()),
+    ] if form.is_bound else []  # fmt: skip
     return {
         "form": form,
         "formset": formset,
         "experiment": experiment,
+        "problems": problems,
         **_matching(selection),
     }
+
+
+def _label(form, name: str) -> str:
+    return str(form.fields[name].label or name.replace("_", " ")) if name in form.fields else "form"
 
 
 def _matching(selection: ef.TaskSelectionForm) -> dict:

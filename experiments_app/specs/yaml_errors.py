@@ -316,6 +316,17 @@ def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[s
                     yield from _unknown_keys(item, (*loc, name, i))
 
 
+def unknown_key_problems(model: BaseModel) -> list[tuple[Loc, str]]:
+    """(location, message) of every unknown key of a validated model (for input that is not a
+    YAML file: the experiment form), with the same "did you mean" as the importer's errors."""
+    problems = []
+    for loc, known in _unknown_keys(model):
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append((loc, f"unknown key {loc[-1]!r}{hint} (known here: {', '.join(sorted(known))})"))
+    return problems
+
+
 def unknown_key_warnings(
     doc: Doc, model: BaseModel, lenient: bool = False, prefix: Loc = ()
 ) -> list[SpecIssue]:

@@ -268,3 +268,45 @@ def test_a_member_edits_an_experiment_with_a_command_agent_without_changing_it(m
 
     assert response.status_code == 302, response.context and response.context["form"].errors
     assert Experiment.objects.get(slug="demo").description == "edited by a member"
+
+
+def test_it_reports_field_and_importer_errors_together_in_one_pass(member_client):
+    smoke_experiment()
+    data = _form_data(
+        _variant(0, "reference", "oracle"),
+        _variant(1, "reference", "none", run_limits="a: [1"),  # bad YAML and a duplicate id
+        baseline="nope",
+        max_parallel="0",
+    )
+
+    response = member_client.post(reverse("experiment_create"), data)
+
+    form, second = response.context["form"], response.context["formset"][1]
+    assert any("not valid YAML" in e for e in second.errors["run_limits"])  # the field's own check
+    assert any("duplicate variant_id 'reference'" in e for e in second.errors["variant_id"])  # the spec's
+    assert any("no variant 'nope'" in e for e in form.errors["baseline"])
+    assert any("greater than or equal to 1" in e for e in form.errors["max_parallel"])
+    assert not Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_a_typo_in_a_form_field_is_refused_as_the_importer_refuses_it(member_client):
+    smoke_experiment()
+    data = _form_data(*_two_variants(run_limits="max_turn: 5"))
+
+    response = member_client.post(reverse("experiment_create"), data)
+
+    errors = response.context["formset"][1].errors["run_limits"]
+    assert any("unknown key 'max_turn'; did you mean 'max_turns'?" in e for e in errors), errors
+    assert not Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_the_form_sums_up_every_problem_at_the_top(member_client):
+    smoke_experiment()
+    data = _form_data(*_two_variants(run_limits="max_turn: 5"), baseline="nope")
+
+    response = member_client.post(reverse("experiment_create"), data)
+
+    problems = response.context["problems"]
+    assert len(problems) == 2 and 'data-testid="form-problems"' in response.content.decode()
+    assert any(p.startswith("Baseline") or "baseline" in p.lower() for p in problems)
+    assert any(p.startswith("variant 2 ·") and "max_turn" in p for p in problems)
