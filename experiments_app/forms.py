@@ -106,7 +106,11 @@ class ExperimentForm(forms.Form):
     exclude_tags = forms.CharField(required=False, help_text="None of these tags")
     repeats = forms.IntegerField(initial=1, help_text="Trials per task and variant")
     max_parallel = forms.IntegerField(initial=4, label="Max parallel", help_text="Trials running at once")
-    baseline = forms.CharField(required=False, help_text="A variant ID; empty: the first variant")
+    baseline = forms.CharField(
+        required=False,
+        help_text="One of the variants below; empty: the first variant",
+        widget=forms.TextInput(attrs={"list": "variant-ids", "autocomplete": "off"}),
+    )
     run_limits = YamlField(
         label="Run limits",
         help_text="Defaults for every variant, e.g. task_timeout: 300, max_turns: 30, max_usd: 2",
@@ -391,6 +395,24 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
             issues.append((loc, str(cause or err["msg"])))
         else:
             issues.append((loc, err["msg"]))
+    return issues
+
+
+def command_issues(spec: ExperimentSpec) -> list[tuple[Loc, str]]:
+    """A `command` variant must say what to run (in its options, or the experiment's defaults):
+    saved without one, every trial of it would fail at setup."""
+    default_agent = spec.defaults.agent.model_dump(exclude_unset=True) if spec.defaults.agent else {}
+    issues = []
+    for i, variant in enumerate(spec.variants):
+        agent = variant.agent.model_dump(exclude_unset=True) if variant.agent else {}
+        kind = agent.get("type") or default_agent.get("type")
+        if kind == "command" and not any(
+            layer.get(key) for layer in (agent, default_agent) for key in ("command", "script")
+        ):
+            issues.append(
+                (("variants", i, "agent", "command"), "a command agent needs `command:` (what to run, e.g. "
+                 "command: [python3, agent.py]) in its agent options")
+            )  # fmt: skip
     return issues
 
 

@@ -70,7 +70,7 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     data, sources = ef.spec_data(form, variant_forms)
     spec, issues = ef.validate_spec(data)
     if spec is not None:
-        issues = ef.file_reference_issues(spec, experiment)
+        issues = ef.command_issues(spec) + ef.file_reference_issues(spec, experiment)
     problems = ef.in_use_issues(experiment, sources, deleted)
     if spec is None or issues or problems or not fields_ok:
         ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)

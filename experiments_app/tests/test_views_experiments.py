@@ -310,3 +310,14 @@ def test_the_form_sums_up_every_problem_at_the_top(member_client):
     assert len(problems) == 2 and 'data-testid="form-problems"' in response.content.decode()
     assert any(p.startswith("Baseline") or "baseline" in p.lower() for p in problems)
     assert any(p.startswith("variant 2 ·") and "max_turn" in p for p in problems)
+
+
+def test_a_command_variant_without_a_command_is_refused(admin_client):
+    smoke_experiment()
+    data = _form_data(_variant(0, "reference", "oracle"), _variant(1, "mine", "command"))
+
+    response = admin_client.post(reverse("experiment_create"), data)
+
+    errors = response.context["formset"][1].errors
+    assert any("a command agent needs `command:`" in e for e in errors.get("options", [])), errors
+    assert not Experiment.objects.filter(slug="ab-test").exists()
