@@ -1,17 +1,11 @@
-import tempfile
-import zipfile
-import zlib
-from pathlib import Path
-
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
-from experiments_app.definitions import ImportFailed, export_tasks_zip, import_tasks
+from experiments_app.definitions import ImportFailed, export_tasks_zip, import_upload
 from experiments_app.models import Experiment, Task, TaskSet, TaskVersion, Variant
 
 
@@ -121,7 +115,7 @@ class TaskAdmin(admin.ModelAdmin):
         errors: list[str] = []
         if request.method == "POST" and form.is_valid():
             try:
-                report = _import_upload(form.cleaned_data["file"], form.cleaned_data["task_set"] or None)
+                report = import_upload(form.cleaned_data["file"], form.cleaned_data["task_set"] or None)
             except ImportFailed as exc:
                 errors = exc.issues
             else:
@@ -170,61 +164,6 @@ class TaskAdmin(admin.ModelAdmin):
         response = HttpResponse(export_tasks_zip(queryset), content_type="application/zip")
         response["Content-Disposition"] = 'attachment; filename="tasks.zip"'
         return response
-
-
-MAX_ZIP_MEMBERS = 10_000
-
-
-def _import_upload(upload, task_set: str | None):
-    """Unpack an uploaded YAML or zip into a private folder and import it as one root."""
-    max_bytes = settings.TASK_BUNDLE_MAX_BYTES * 10
-    if upload.size > max_bytes:
-        raise ImportFailed([f"{upload.name}: the upload is larger than {max_bytes} bytes"])
-    with tempfile.TemporaryDirectory(prefix="evalsite-upload-") as tmp:
-        root = Path(tmp)
-        name = Path(upload.name).name
-        if name.endswith(".zip"):
-            _unzip(upload, root, name, max_bytes)
-        elif name.endswith((".yaml", ".yml")):
-            (root / name).write_bytes(upload.read())
-        else:
-            raise ImportFailed([f"{name}: expected a .yaml/.yml task file or a .zip of a task folder"])
-        try:
-            return import_tasks([root], root=root, task_set=task_set)
-        except ImportFailed as exc:
-            # Show paths as the uploader knows them, not our temporary folder.
-            raise ImportFailed([issue.replace(f"{root}/", "") for issue in exc.issues]) from None
-
-
-def _unzip(upload, root: Path, name: str, max_bytes: int) -> None:
-    """Unpack member by member, counting the bytes actually inflated: a zip's declared sizes
-    may lie (a zip bomb, or a forged header), so they bound nothing."""
-    try:
-        with zipfile.ZipFile(upload) as archive:
-            members = archive.infolist()
-            if len(members) > MAX_ZIP_MEMBERS:
-                raise ImportFailed([f"{name}: more than {MAX_ZIP_MEMBERS} files"])
-            written = 0
-            for info in members:
-                target = (root / info.filename).resolve()
-                if not target.is_relative_to(root.resolve()) or info.filename.startswith("/"):
-                    raise ImportFailed([f"{name}: {info.filename}: path leaves the archive's folder"])
-                if (info.external_attr >> 16) & 0o170000 == 0o120000:
-                    raise ImportFailed([f"{name}: {info.filename}: symbolic links are not accepted"])
-                if info.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(info) as source, target.open("wb") as sink:
-                    while chunk := source.read(1 << 16):
-                        written += len(chunk)
-                        if written > max_bytes:
-                            raise ImportFailed([f"{name}: unpacks to more than {max_bytes} bytes"])
-                        sink.write(chunk)
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError) as exc:
-        # A forged or damaged archive (bad CRC, sizes that do not match, unknown compression,
-        # encryption) is the uploader's problem, reported as such, never a server error.
-        raise ImportFailed([f"{name}: not a valid zip archive ({exc})"]) from None
 
 
 class TaskInline(admin.TabularInline):

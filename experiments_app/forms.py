@@ -558,13 +558,23 @@ class LaunchForm(forms.Form):
 
 
 class TaskSetForm(forms.ModelForm):
+    """A set's name, description and whether it is archived (its tasks: TaskSetMembersForm)."""
+
     class Meta:
         model = TaskSet
-        fields = ["name", "description", "tasks"]
-        widgets = {
-            "description": forms.Textarea(attrs={"rows": 2}),
-            "tasks": forms.CheckboxSelectMultiple,
-        }
+        fields = ["name", "description", "archived"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+
+class TaskSetMembersForm(forms.Form):
+    """Add or remove the ticked tasks of the filtered list, all at once."""
+
+    action = forms.ChoiceField(choices=[("add", "Add to the set"), ("remove", "Remove from the set")])
+    tasks = forms.ModelMultipleChoiceField(queryset=Task.objects.all())
+
+
+class TaskUploadForm(forms.Form):
+    file = forms.FileField(help_text="A task YAML file, or a .zip of a task folder (or a whole suite)")
 
 
 class TaskFilterForm(forms.Form):

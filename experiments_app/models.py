@@ -27,6 +27,8 @@ class TaskSet(models.Model):
     description = models.TextField(blank=True)
     tasks = models.ManyToManyField("Task", related_name="task_sets", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Archived sets are left out of the task-set list (experiments keep using them).
+    archived = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

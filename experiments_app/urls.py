@@ -13,8 +13,11 @@ urlpatterns = [
     path("experiments/<slug:slug>/duplicate/", views.experiment_duplicate, name="experiment_duplicate"),
     path("experiments/<slug:slug>/yaml/", views.experiment_yaml, name="experiment_yaml"),
     path("task-sets/", views.taskset_list, name="taskset_list"),
+    path("task-sets/new/", views.taskset_create, name="taskset_create"),
     path("task-sets/<slug:name>/", views.taskset_detail, name="taskset_detail"),
     path("task-sets/<slug:name>/edit/", views.taskset_edit, name="taskset_edit"),
+    path("task-sets/<slug:name>/upload/", views.taskset_upload, name="taskset_upload"),
+    path("task-sets/<slug:name>/export/", views.taskset_export, name="taskset_export"),
     path("tasks/", views.task_list, name="task_list"),
     path("tasks/<str:slug>/", views.task_detail, name="task_detail"),  # task ids may hold dots
 ]

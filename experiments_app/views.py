@@ -10,6 +10,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from experiments_app import definitions
@@ -17,6 +18,7 @@ from experiments_app import forms as ef
 from experiments_app.models import Experiment, Task, TaskSet
 
 TASK_PAGE_SIZE = 100
+SET_EDITOR_ROWS = 200  # tasks the set editor lists at once (search narrows them)
 TASK_PREVIEW = 12
 
 
@@ -152,8 +154,12 @@ def experiment_yaml(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_GET
 def taskset_list(request: HttpRequest) -> HttpResponse:
+    show_archived = request.GET.get("archived") == "1"
     task_sets = TaskSet.objects.annotate(task_count=Count("tasks", distinct=True)).order_by("name")
-    return render(request, "experiments/taskset_list.html", {"task_sets": task_sets})
+    if not show_archived:
+        task_sets = task_sets.filter(archived=False)
+    ctx = {"task_sets": task_sets, "show_archived": show_archived}
+    return render(request, "experiments/taskset_list.html", ctx)
 
 
 @login_required
@@ -164,22 +170,102 @@ def taskset_detail(request: HttpRequest, name: str) -> HttpResponse:
         "task_set": task_set,
         "tasks": task_set.tasks.order_by("slug"),
         "experiments": task_set.experiments.order_by("slug"),
+        "upload_form": ef.TaskUploadForm(),
     }
     return render(request, "experiments/taskset_detail.html", ctx)
+
+
+def _staff_only(request: HttpRequest, what: str) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied(f"Only staff {what}.")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def taskset_create(request: HttpRequest) -> HttpResponse:
+    _staff_only(request, "create task sets")
+    form = ef.TaskSetForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        task_set = form.save()
+        messages.success(request, f"Created task set {task_set.name}: now add its tasks.")
+        return redirect("taskset_edit", name=task_set.name)
+    return render(request, "experiments/taskset_form.html", {"form": form, "task_set": None})
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def taskset_edit(request: HttpRequest, name: str) -> HttpResponse:
-    if not request.user.is_staff:
-        raise PermissionDenied("Only staff edit task sets.")
+    """Rename, describe or archive a set; add or remove the ticked tasks of a searched list."""
+    _staff_only(request, "edit task sets")
     task_set = get_object_or_404(TaskSet, name=name)
-    form = ef.TaskSetForm(request.POST or None, instance=task_set)
-    if request.method == "POST" and form.is_valid():
+    form = ef.TaskSetForm(request.POST if "save" in request.POST else None, instance=task_set)
+    members = ef.TaskSetMembersForm(request.POST if "action" in request.POST else None)
+    if form.is_bound and form.is_valid():
         task_set = form.save()
         messages.success(request, f"Saved task set {task_set.name}.")
+        return redirect("taskset_edit", name=task_set.name)
+    if members.is_bound and members.is_valid():
+        chosen, add = members.cleaned_data["tasks"], members.cleaned_data["action"] == "add"
+        (task_set.tasks.add if add else task_set.tasks.remove)(*chosen)
+        verb = "Added" if add else "Removed"
+        messages.success(request, f"{verb} {len(chosen)} task(s) {'to' if add else 'from'} {task_set.name}.")
+        return redirect(f"{reverse('taskset_edit', args=[task_set.name])}?{request.GET.urlencode()}")
+    return render(request, "experiments/taskset_form.html", _set_editor_context(request, form, task_set))
+
+
+def _set_editor_context(request: HttpRequest, form, task_set: TaskSet) -> dict:
+    filters_form = ef.TaskFilterForm(request.GET)
+    filters = filters_form.cleaned_data if filters_form.is_valid() else {}
+    tasks = Task.objects.order_by("slug").defer("spec", "source_yaml", "prompt")
+    if filters.get("q"):
+        tasks = tasks.filter(Q(slug__icontains=filters["q"]) | Q(description__icontains=filters["q"]))
+    if filters.get("tag"):
+        tasks = tasks.with_tags([filters["tag"]], [])
+    member_ids = set(task_set.tasks.values_list("pk", flat=True))
+    shown = list(tasks[: SET_EDITOR_ROWS + 1])
+    return {
+        "form": form,
+        "task_set": task_set,
+        "filters_form": filters_form,
+        "rows": [(task, task.pk in member_ids) for task in shown[:SET_EDITOR_ROWS]],
+        "more": len(shown) > SET_EDITOR_ROWS,
+        "member_count": len(member_ids),
+    }
+
+
+@login_required
+@require_POST
+def taskset_upload(request: HttpRequest, name: str) -> HttpResponse:
+    """Import a task file or zip into this set, with the importer's checks and errors."""
+    _staff_only(request, "upload tasks")
+    task_set = get_object_or_404(TaskSet, name=name)
+    form = ef.TaskUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, "Choose a task YAML file or a .zip to upload.")
         return redirect("taskset_detail", name=task_set.name)
-    return render(request, "experiments/taskset_form.html", {"form": form, "task_set": task_set})
+    try:
+        report = definitions.import_upload(form.cleaned_data["file"], task_set.name)
+    except definitions.ImportFailed as exc:
+        for issue in exc.issues[:20]:
+            messages.error(request, issue)
+        messages.error(request, f"Nothing was imported: {len(exc.issues)} problem(s).")
+    else:
+        for warning in report.warnings:
+            messages.warning(request, warning)
+        messages.success(request, f"Imported into {task_set.name}: {report.summary()}")
+    return redirect("taskset_detail", name=task_set.name)
+
+
+@login_required
+@require_GET
+def taskset_export(request: HttpRequest, name: str) -> HttpResponse:
+    _staff_only(request, "export task sets")
+    task_set = get_object_or_404(TaskSet, name=name)
+    response = HttpResponse(
+        definitions.export_tasks_zip(task_set.tasks.all()), content_type="application/zip"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{task_set.name}.zip"'
+    return response
 
 
 @login_required

@@ -41,20 +41,65 @@ def test_it_lets_only_staff_edit_a_task_set(client, outsider, method):
     assert TaskSet.objects.filter(name="examples").exists()
 
 
-def test_it_lets_staff_rename_a_task_set_and_choose_its_tasks(admin_client):
+def test_it_lets_staff_rename_a_task_set_and_add_or_remove_tasks_found_by_search(admin_client):
     smoke_experiment()
-    kept = list(Task.objects.filter(tags__icontains="smoke").values_list("pk", flat=True))
+    smoke = sorted(Task.objects.filter(tags__icontains="smoke").values_list("pk", flat=True))
+    url = reverse("taskset_edit", args=["examples"])
 
-    response = admin_client.post(
-        reverse("taskset_edit", args=["examples"]),
-        {"name": "smoke-only", "description": "three quick tasks", "tasks": [str(pk) for pk in kept]},
+    renamed = admin_client.post(url, {"save": "1", "name": "smoke-only", "description": "quick ones"})
+    assert renamed.status_code == 302 and renamed["Location"] == reverse("taskset_edit", args=["smoke-only"])
+    url = reverse("taskset_edit", args=["smoke-only"])
+    TaskSet.objects.get().tasks.clear()
+
+    found = admin_client.get(url, {"tag": "smoke"})
+    assert sorted(task.pk for task, _ in found.context["rows"]) == smoke  # the search narrows the list
+    added = admin_client.post(f"{url}?tag=smoke", {"action": "add", "tasks": [str(pk) for pk in smoke]})
+    assert added.status_code == 302 and "tag=smoke" in added["Location"]
+    assert sorted(TaskSet.objects.get().tasks.values_list("pk", flat=True)) == smoke
+    admin_client.post(url, {"action": "remove", "tasks": [str(smoke[0])]})
+    assert sorted(TaskSet.objects.get().tasks.values_list("pk", flat=True)) == smoke[1:]
+
+
+def test_staff_create_and_archive_task_sets_and_members_may_not(admin_client, member):
+    from django.test import Client
+
+    someone = Client()
+    someone.force_login(member)
+    assert someone.post(reverse("taskset_create"), {"save": "1", "name": "mine"}).status_code == 403
+    created = admin_client.post(
+        reverse("taskset_create"), {"save": "1", "name": "nightly", "description": ""}
     )
+    assert created.status_code == 302 and TaskSet.objects.filter(name="nightly").exists()
+    edit = reverse("taskset_edit", args=["nightly"])
+    admin_client.post(edit, {"save": "1", "name": "nightly", "description": "", "archived": "on"})
 
-    assert response.status_code == 302
-    assert response["Location"] == reverse("taskset_detail", args=["smoke-only"])
-    task_set = TaskSet.objects.get()
-    assert task_set.name == "smoke-only"
-    assert sorted(task_set.tasks.values_list("pk", flat=True)) == sorted(kept)
+    listed = admin_client.get(reverse("taskset_list")).context["task_sets"]
+    with_archived = admin_client.get(reverse("taskset_list"), {"archived": "1"}).context["task_sets"]
+    assert "nightly" not in [t.name for t in listed] and "nightly" in [t.name for t in with_archived]
+
+
+def test_staff_upload_tasks_into_a_set_and_export_it_as_a_zip(admin_client, tmp_path):
+    import io
+    import zipfile
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    TaskSet.objects.create(name="uploaded")
+    good = b"task_id: up-one\ninitial_prompt: go\nsuccess_criteria:\n  - {type: file_exists, path: a}\n"
+    bad = b"task_id: up-two\ninitial_prompt: go\nsuccess_criteria:\n  - {type: file_exsts, path: a}\n"
+    upload = reverse("taskset_upload", args=["uploaded"])
+
+    refused = admin_client.post(upload, {"file": SimpleUploadedFile("two.yaml", bad)}, follow=True)
+    assert (
+        "Nothing was imported" in refused.content.decode() and not Task.objects.filter(slug="up-two").exists()
+    )
+    admin_client.post(upload, {"file": SimpleUploadedFile("one.yaml", good)})
+    assert list(TaskSet.objects.get(name="uploaded").tasks.values_list("slug", flat=True)) == ["up-one"]
+
+    exported = admin_client.get(reverse("taskset_export", args=["uploaded"]))
+    assert exported["Content-Type"] == "application/zip"
+    names = zipfile.ZipFile(io.BytesIO(exported.content)).namelist()
+    assert any(name.endswith(".yaml") and "up-one" in name for name in names), names
 
 
 def test_it_filters_tasks_by_tag_and_text(member_client, django_assert_max_num_queries):

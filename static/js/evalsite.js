@@ -56,6 +56,14 @@
       document.querySelectorAll(toggle.getAttribute("data-target") + " details").forEach(function (d) { d.open = open; });
       return;
     }
+    // "Tick all shown": every checkbox of a list (the task-set editor).
+    var all = event.target.closest && event.target.closest("[data-check-all]");
+    if (all) {
+      document.querySelectorAll(all.getAttribute("data-check-all") + " input[type=checkbox]").forEach(function (box) {
+        if (!box.closest("[hidden]")) box.checked = true;
+      });
+      return;
+    }
     // Experiment form: "Add variant" copies the formset's empty form.
     var add = event.target.closest && event.target.closest("[data-add-form]");
     if (add) {
