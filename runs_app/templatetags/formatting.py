@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import yaml
 from django import template
 
 from runs_app.analysis import tally
@@ -110,3 +111,21 @@ def _diff_class(line: str, before: str, after: str) -> str:
     if line.startswith("-"):
         return "del"
     return ""
+
+
+@register.filter
+def detail_items(details) -> list[tuple[str, str, bool]]:
+    """A criterion's details as (label, text, long): scalars inline, the rest as YAML."""
+    if not isinstance(details, dict):
+        return [("details", str(details), True)]
+    items = []
+    for key, value in details.items():
+        if isinstance(value, str | int | float | bool) or value is None:
+            text = "—" if value is None else str(value)
+            items.append((str(key).replace("_", " "), text, "\n" in text or len(text) > 120))
+        else:
+            text = yaml.safe_dump(
+                value, sort_keys=False, allow_unicode=True, default_flow_style=False
+            ).strip()
+            items.append((str(key).replace("_", " "), text, True))
+    return items

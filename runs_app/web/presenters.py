@@ -186,11 +186,25 @@ def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
     both state) is shown once. Tool results keep their call's name."""
     rows: list[EventRow] = []
     last_text: dict[str, str] = {}
+    calls: dict[str, EventRow] = {}
     for event in events:
         row = event_row(event)
         if row.kind in (TrialEvent.Kind.USAGE, TrialEvent.Kind.ERROR) and last_text.get(row.kind) == row.text:
             continue
         last_text[row.kind] = row.text
+        call_id = str(event.data.get("id") or "") if isinstance(event.data, dict) else ""
+        if row.kind == TrialEvent.Kind.TOOL_CALL and call_id:
+            calls[call_id] = row
+        elif row.kind == TrialEvent.Kind.TOOL_RESULT and call_id in calls:
+            # A tool's output goes with its call: one item, the input then what came back.
+            call = calls.pop(call_id)
+            failed = "(error)" in row.title
+            call.body = (
+                f"{call.body}\n\n── {'error' if failed else 'output'} ──\n{row.body or '(no output)'}".strip()
+            )
+            call.css = (call.css + " is-error").strip() if failed else call.css
+            call.title += " → error" if failed else ""
+            continue
         rows.append(row)
     return rows
 

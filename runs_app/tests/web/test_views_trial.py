@@ -167,3 +167,21 @@ def test_the_resolved_config_shows_only_the_options_the_agent_kind_reads(member_
     shown = page.context["config_yaml"]
     assert "permission_mode" not in shown and "allowed_tools" not in shown and "type: oracle" in shown
     assert page.context["config_hidden"] == ["allowed_tools", "permission_mode"]
+
+
+def test_a_tool_call_and_its_output_read_as_one_item_and_criteria_details_as_fields(member_client):
+    trial = finish_trial(launched_run().trials.order_by("pk").first(), "failed")
+    now = timezone.now()
+    TrialEvent.objects.create(trial=trial, seq=1, at=now, kind="tool_call",
+                              data={"id": "c1", "name": "Bash", "input": {"command": "pytest -q"}})  # fmt: skip
+    TrialEvent.objects.create(trial=trial, seq=2, at=now, kind="tool_result",
+                              data={"id": "c1", "name": "Bash", "is_error": True, "output": "2 failed"})  # fmt: skip
+    CriterionResult.objects.create(trial=trial, index=0, type="run_command", description="tests", score=0.0,
+                                   passed=False, details={"exit_code": 1, "stdout": "2 failed"})  # fmt: skip
+
+    page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
+
+    [item] = page.context["events"]
+    assert item.title == "Bash → error" and "pytest -q" in item.body and "2 failed" in item.body
+    html = page.content.decode()
+    assert "<dt>exit code</dt><dd>1</dd>" in html and "<dt>stdout</dt><dd>2 failed</dd>" in html
