@@ -172,10 +172,10 @@ def test_the_resolved_config_shows_only_the_options_the_agent_kind_reads(member_
 def test_a_tool_call_and_its_output_read_as_one_item_and_criteria_details_as_fields(member_client):
     trial = finish_trial(launched_run().trials.order_by("pk").first(), "failed")
     now = timezone.now()
-    TrialEvent.objects.create(trial=trial, seq=1, at=now, kind="tool_call",
-                              data={"id": "c1", "name": "Bash", "input": {"command": "pytest -q"}})  # fmt: skip
-    TrialEvent.objects.create(trial=trial, seq=2, at=now, kind="tool_result",
-                              data={"id": "c1", "name": "Bash", "is_error": True, "output": "2 failed"})  # fmt: skip
+    call = {"id": "c1", "name": "Bash", "input": {"command": "pytest -q"}}
+    result = {"id": "c1", "name": "Bash", "is_error": True, "output": "2 failed"}
+    TrialEvent.objects.create(trial=trial, seq=1, at=now, kind="tool_call", data=call)
+    TrialEvent.objects.create(trial=trial, seq=2, at=now, kind="tool_result", data=result)
     CriterionResult.objects.create(trial=trial, index=0, type="run_command", description="tests", score=0.0,
                                    passed=False, details={"exit_code": 1, "stdout": "2 failed"})  # fmt: skip
 
