@@ -253,6 +253,10 @@ class Trial(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="trial_status_lease_idx"),
             # Run page trial table, newest finished first.
             models.Index(fields=["run", "-finished_at"], name="trial_run_finished_idx"),
+            # Run page trial table in launch order (the default: rows stay put as trials finish).
+            models.Index(fields=["run", "id"], name="trial_run_launch_idx"),
+            # Run page trial table, slowest first.
+            models.Index(fields=["run", "-duration_seconds"], name="trial_run_duration_idx"),
         ]
 
     def __str__(self) -> str:

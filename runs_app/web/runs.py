@@ -35,12 +35,24 @@ TRIAL_ROW_FIELDS = (
 )  # fmt: skip
 
 
+# The trial table's orders (?sort=): launch order by default, so rows stay put while trials
+# finish; each is served by an index of (run, ...) (see Trial.Meta).
+TRIAL_SORTS = {
+    "": ("launch order", ("pk",)),
+    "finished": ("recently finished", (F("finished_at").desc(nulls_last=True), "pk")),
+    "slowest": ("slowest", (F("duration_seconds").desc(nulls_last=True), "pk")),
+}
+
+
 class TrialFilterForm(forms.Form):
     # `status`, as in the API's trial list: one name for a trial's outcome everywhere.
     variant = forms.SlugField(required=False, max_length=200)
     task = forms.CharField(required=False, max_length=200)
     status = forms.ChoiceField(required=False, choices=[("", "any"), *Trial.Status.choices])
     category = forms.CharField(required=False, max_length=50, label="Error category")
+    sort = forms.ChoiceField(
+        required=False, choices=[(key, label) for key, (label, _) in TRIAL_SORTS.items()]
+    )
     page = forms.IntegerField(required=False, min_value=1)
 
 
@@ -101,8 +113,8 @@ def trial_rows(run: Run, filters: dict) -> tuple[list[Trial], bool]:
         trials = trials.filter(error_category=filters["category"])
     start = ((filters.get("page") or 1) - 1) * RUN_TRIAL_ROWS
     # `pk` ascending, not descending: the (run, -finished_at) index then serves the whole
-    # ORDER BY and the LIMIT stops early (5 ms instead of 250 ms at 100,000 trials on SQLite).
-    ordered = trials.only(*TRIAL_ROW_FIELDS).order_by(F("finished_at").desc(nulls_last=True), "pk")
+    # ORDER BY of "finished" and the LIMIT stops early (5 ms instead of 250 ms at 100,000 trials).
+    ordered = trials.only(*TRIAL_ROW_FIELDS).order_by(*TRIAL_SORTS[filters.get("sort") or ""][1])
     rows = list(ordered[start : start + RUN_TRIAL_ROWS + 1])
     return rows[:RUN_TRIAL_ROWS], len(rows) > RUN_TRIAL_ROWS
 
@@ -124,6 +136,7 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "next_query": urlencode({**query, "page": page + 1}),
         "prev_query": urlencode({**query, "page": page - 1}) if page > 1 else "",
         "filter_query": urlencode({**query, **({"page": page} if page > 1 else {})}),
+        "sort_query": urlencode({k: v for k, v in query.items() if k != "sort"}),
     }
 
 

@@ -290,3 +290,23 @@ def test_without_javascript_a_running_runs_page_reloads_itself_and_a_finished_on
 
     assert '<noscript><meta http-equiv="refresh" content="10"></noscript>' in open_page
     assert 'http-equiv="refresh"' not in done_page
+
+
+@pytest.mark.django_db
+def test_the_trial_table_keeps_launch_order_while_trials_finish_and_sorts_on_request(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = launched_run()
+    trials = list(run.trials.order_by("pk"))
+    finish_trial(trials[3], "passed", finished_at=timezone.now(), duration_seconds=9.0)
+    finish_trial(trials[1], "failed", finished_at=timezone.now() - timedelta(minutes=1), duration_seconds=2.0)
+    url = reverse("run_detail", args=[run.pk])
+
+    def order(**query) -> list[int]:
+        return [t.pk for t in member_client.get(url, query).context["trials"]]
+
+    assert order() == [t.pk for t in trials]  # finishing moves nothing
+    assert order(sort="finished")[:2] == [trials[3].pk, trials[1].pk]
+    assert order(sort="slowest")[:2] == [trials[3].pk, trials[1].pk]
