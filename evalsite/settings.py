@@ -271,6 +271,7 @@ AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner at every start-up of a command
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
