@@ -4,6 +4,8 @@ experiment's page (its tasks, variants and runs) and launching a run of it.
 Setting an experiment up (create, edit, duplicate, YAML) is experiments_app's.
 """
 
+from collections import Counter
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -12,8 +14,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from experiments_app.forms import LaunchForm
 from experiments_app.models import Experiment
-from runs_app.launching import LaunchError, LaunchOptions, launch_run, run_plan
+from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import with_last_run
+from runs_app.web.presenters import as_text, config_for_kind
 
 TASK_PREVIEW = 12
 
@@ -38,11 +41,14 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
     task_count = tasks.count()
     variants = list(experiment.variants.order_by("position", "pk"))
     plan = run_plan(experiment)
+    preview, problems = launch_preview(experiment)
     ctx = {
         "experiment": experiment,
         "variants": variants,
-        # Units are tasks × dataset rows, as a launch without options selects them.
-        "trials_per_run": plan.units * sum(v.effective_repeats() for v in variants),
+        # The launcher's own dry run: exactly the trials a launch without options makes.
+        "trials_per_run": sum(count for _, count, _ in preview),
+        "preview": preview,
+        "preview_problems": problems,
         "plan": plan,
         "task_sets": experiment.task_sets.all(),
         "task_count": task_count,
@@ -52,6 +58,20 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "launch_form": LaunchForm(),
     }
     return render(request, "experiments/experiment_detail.html", ctx)
+
+
+def launch_preview(experiment) -> tuple[list[tuple[str, int, str]], list[str]]:
+    """(variant, trials, resolved config of its first trial) per variant, as a launch would make
+    them; or the problems that would stop the launch."""
+    try:
+        trials = preview_trials(experiment)
+    except LaunchError as exc:
+        return [], exc.problems[:10]
+    counts = Counter(trial.variant.slug for trial in trials)
+    first: dict[str, dict] = {}
+    for trial in trials:
+        first.setdefault(trial.variant.slug, trial.config)
+    return [(slug, counts[slug], as_text(config_for_kind(config)[0])) for slug, config in first.items()], []
 
 
 @login_required

@@ -100,3 +100,20 @@ def test_it_shows_why_a_launch_failed(member_client):
 
     assert not Run.objects.exists()
     assert b"Cannot launch: experiment smoke selects no tasks" in response.content
+
+
+@pytest.mark.django_db
+def test_the_experiment_page_counts_exactly_the_trials_a_launch_makes(member_client):
+    from experiments_app.models import Variant
+    from runs_app.launching import launch_run
+    from runs_app.tests.web.builders import smoke_experiment
+
+    experiment = smoke_experiment()
+    Variant.objects.filter(experiment=experiment, position=0).update(repeats=3)  # arms repeat differently
+    page = member_client.get(reverse("experiment_detail", args=[experiment.slug]))
+
+    launched = launch_run(experiment)
+
+    assert page.context["trials_per_run"] == launched.n_trials
+    assert sum(count for _, count, _ in page.context["preview"]) == launched.trials.count()
+    assert "resolved config of its first" in page.content.decode()
