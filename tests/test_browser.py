@@ -133,3 +133,24 @@ def test_it_shows_an_agents_html_as_text(page, live_server, celery_worker_proces
     assert page.locator("img").count() == 0
     page.wait_for_timeout(300)  # an injected onerror handler would have fired by now
     assert dialogs == []
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_wide_comparisons_and_run_pages_fit_the_window_at_any_width(page, live_server, width):
+    """Twelve arms: tables scroll inside their frame, the page itself never scrolls sideways."""
+    from runs_app.tests.web.builders import finish_run
+
+    experiment = Experiment.objects.create(slug=f"wide-{width}", include_tags=["smoke"], max_parallel=1)
+    for i in range(12):
+        Variant.objects.create(experiment=experiment, slug=f"arm-{i:02d}-with-a-long-name", position=i,
+                               agent={"type": "oracle" if i % 2 else "none"})  # fmt: skip
+    run = finish_run(launch_run(experiment), ["passed", "failed", "passed"])
+    page.set_viewport_size({"width": width, "height": 900})
+
+    for name, url in [("compare", reverse("run_compare", args=[run.pk])), ("run", run.get_absolute_url())]:
+        page.goto(live_server.url + url)
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        page.screenshot(path=ARTIFACTS / f"{name}-{width}px.png", full_page=True)
+        assert overflow <= 1, f"{name} page is {overflow}px wider than a {width}px window"
