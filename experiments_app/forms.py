@@ -137,6 +137,11 @@ class ExperimentForm(forms.Form):
         return value
 
 
+# Agent options with their own field on the form (the kind that reads each: the template shows
+# a field only for its kinds when JavaScript is on).
+TYPED_OPTIONS = {"permission_mode": ("claude-code",), "command": ("command",), "prompt_via": ("command",)}
+
+
 class VariantForm(forms.Form):
     variant_id = forms.CharField(label="ID", max_length=200)
     description = forms.CharField(required=False)
@@ -152,7 +157,29 @@ class VariantForm(forms.Form):
         "The key is the worker's ANTHROPIC_API_KEY (claude-code), OPENAI_API_KEY (codex, opencode, "
         "aider) or GEMINI_API_KEY (gemini-cli): keys never leave the worker.",
     )
-    options = YamlField(label="Agent options", help_text="e.g. command: [python3, agent.py] (YAML or JSON)")
+    # Typed fields for the options people set most; any other option goes in "Agent options".
+    permission_mode = forms.ChoiceField(
+        required=False,
+        label="Permission mode",
+        choices=[
+            ("", "default (acceptEdits)"),
+            ("acceptEdits", "acceptEdits"),
+            ("bypassPermissions", "bypassPermissions"),
+            ("default", "default"),
+            ("plan", "plan"),
+        ],  # fmt: skip
+    )
+    command = forms.CharField(
+        required=False, max_length=2000, help_text="What to run, with sh -c, e.g. python3 agent.py"
+    )
+    prompt_via = forms.ChoiceField(
+        required=False,
+        label="Prompt delivery",
+        choices=[("", "stdin (default)"), ("stdin", "stdin"), ("file", "file")],
+    )
+    options = YamlField(
+        label="Agent options", help_text="Any other option of the kind, e.g. max_turns: 20 (YAML)"
+    )
     prompt_prefix = forms.CharField(
         required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2}), label="Prompt prefix"
     )
@@ -166,6 +193,14 @@ class VariantForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["agent_type"].choices = agent_kind_choices()
+
+    def clean(self) -> dict:
+        data = super().clean()
+        options = data.get("options") or {}
+        for name in TYPED_OPTIONS:
+            if data.get(name) and name in options:
+                self.add_error(name, f"{name} is set here and in the agent options: keep one")
+        return data
 
 
 VariantFormSet = forms.formset_factory(VariantForm, extra=0, can_delete=True)
@@ -221,6 +256,7 @@ def variant_initial(variant: Variant) -> dict:
         "agent_type": agent.pop("type", "") or "",
         "model": agent.pop("model", "") or "",
         "base_url": agent.pop("base_url", "") or "",
+        **{name: agent.pop(name) for name in TYPED_OPTIONS if isinstance(agent.get(name), str)},
         "options": agent,
         "run_limits": variant.run_limits,
         "repeats": variant.repeats,
@@ -298,6 +334,9 @@ def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
         agent["model"] = data["model"].strip()
     if data["base_url"]:
         agent["base_url"] = data["base_url"]
+    for name in TYPED_OPTIONS:
+        if data.get(name):
+            agent[name] = data[name].strip() if isinstance(data[name], str) else data[name]
     if agent:
         variant["agent"] = agent
     if data["run_limits"]:

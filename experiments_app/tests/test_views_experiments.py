@@ -321,3 +321,35 @@ def test_a_command_variant_without_a_command_is_refused(admin_client):
     errors = response.context["formset"][1].errors
     assert any("a command agent needs `command:`" in e for e in errors.get("options", [])), errors
     assert not Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_typed_agent_fields_fill_the_agent_options_and_come_back_on_edit(admin_client):
+    smoke_experiment()
+    data = _form_data(
+        _variant(0, "reference", "oracle"),
+        _variant(1, "mine", "command", command="python3 agent.py", prompt_via="file"),
+    )
+
+    saved = admin_client.post(reverse("experiment_create"), data)
+
+    assert saved.status_code == 302, saved.context and saved.context["problems"]
+    variant = Experiment.objects.get(slug="ab-test").variants.get(slug="mine")
+    assert variant.agent == {"type": "command", "command": "python3 agent.py", "prompt_via": "file"}
+    edit = admin_client.get(reverse("experiment_edit", args=["ab-test"]))
+    second = edit.context["formset"][1]
+    assert second["command"].value() == "python3 agent.py" and second["options"].value() in (
+        "",
+        "{}",
+        None,
+        {},
+    )
+
+    clash = admin_client.post(
+        reverse("experiment_create"),
+        _form_data(
+            _variant(0, "a", "command", command="true", options="command: false"), experiment_id="clash"
+        ),
+    )
+    assert any(
+        "set here and in the agent options" in e for e in clash.context["formset"][0].errors["command"]
+    )

@@ -49,6 +49,23 @@
     var count = document.getElementById("transcript-count");
     if (count) count.textContent = query ? shown + " of " + events.length + " events" : events.length + " events";
   });
+  // Experiment form: a variant shows the typed option fields of its agent kind only.
+  function showKindFields(select) {
+    var form = select.closest(".variant-form");
+    if (!form) return;
+    form.querySelectorAll("[data-kinds]").forEach(function (el) {
+      var kinds = el.getAttribute("data-kinds").split(" ");
+      var filled = Array.prototype.some.call(el.querySelectorAll("input, select"), function (f) { return f.value; });
+      el.hidden = !filled && kinds.indexOf(select.value || "claude-code") === -1;
+    });
+  }
+  document.addEventListener("change", function (event) {
+    if (event.target.name && /-agent_type$/.test(event.target.name)) showKindFields(event.target);
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("select[name$='-agent_type']").forEach(showKindFields);
+  });
+
   document.addEventListener("click", function (event) {
     var toggle = event.target.closest && event.target.closest("[data-details]");
     if (toggle) {
