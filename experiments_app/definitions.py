@@ -317,12 +317,21 @@ def _store_variants(experiment: Experiment, loaded) -> None:
 
 
 def save_experiment(
-    spec: ExperimentSpec, *, name: str, experiment: Experiment | None = None, user=None
+    spec: ExperimentSpec,
+    *,
+    name: str,
+    experiment: Experiment | None = None,
+    user=None,
+    attachments: dict[str, bytes] | None = None,
 ) -> Experiment:
     """Store a spec validated by the experiment form the way `import_experiment` stores a file.
-    Raises NotAllowed when `user` defines a command agent or agent secrets without the right."""
+    `attachments` (file name -> content: an agent's script) join the experiment's bundle, beside
+    its YAML, where the variants' paths point. Raises NotAllowed when `user` defines a command
+    agent or agent secrets without the right."""
     _check_agent_changes(spec, experiment, user)
     fields = {"name": name, **_experiment_fields(spec)}
+    if attachments:
+        fields.update(_bundle_with(experiment, attachments))
     with transaction.atomic():
         if experiment is None:
             experiment = Experiment.objects.create(slug=spec.experiment_id, created_by=user, **fields)
@@ -336,6 +345,30 @@ def save_experiment(
         experiment.source_yaml = experiment_yaml(experiment)
         experiment.save(update_fields=["source_yaml"])
     return experiment
+
+
+def bundled_files(experiment: Experiment | None) -> dict[str, bytes]:
+    """The files of an experiment's bundle, by their path in it."""
+    if experiment is None or not experiment.bundle_id:
+        return {}
+    return read_bundle(bytes(experiment.bundle.data))
+
+
+def attachment_base(experiment: Experiment | None) -> str:
+    """Where in the bundle attached files go: beside the experiment's YAML."""
+    path = experiment.yaml_path if experiment is not None else ""
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def _bundle_with(experiment: Experiment | None, attachments: dict[str, bytes]) -> dict:
+    base = attachment_base(experiment)
+    files = {
+        **bundled_files(experiment),
+        **{(f"{base}/{k}" if base else k): v for k, v in attachments.items()},
+    }
+    blob = make_bundle(files, settings.TASK_BUNDLE_MAX_BYTES)
+    Bundle.objects.get_or_create(digest=blob.digest, defaults={"data": blob.blob, "size": blob.size})
+    return {"bundle_id": blob.digest, "yaml_path": experiment.yaml_path if experiment else "experiment.yaml"}
 
 
 def experiment_spec_data(experiment: Experiment) -> dict:

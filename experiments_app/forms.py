@@ -9,6 +9,7 @@ the "other" YAML boxes).
 """
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,11 +90,34 @@ def agent_kind_choices() -> list[tuple[str, str]]:
     return [("", "(from defaults)"), *((kind, kind) for kind in agent_kinds.known_kinds())]
 
 
+ATTACHMENT_MAX_BYTES = 1 << 20
+
+
 class ExperimentForm(forms.Form):
     experiment_id = forms.CharField(
         label="ID", max_length=200, help_text="kebab-case, e.g. model-comparison (the YAML's experiment_id)"
     )
     name = forms.CharField(max_length=200, required=False, help_text="Shown instead of the ID")
+    attachment = forms.FileField(
+        required=False,
+        label="Attach a file",
+        help_text="A script or prompt file the variants name (e.g. the command agent's `script: agent.py`); "
+        "it joins the experiment's files",
+    )
+
+    def clean_attachment(self):
+        upload = self.cleaned_data.get("attachment")
+        if upload is None:
+            return None
+        name = upload.name.rsplit("/", 1)[-1]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or name.endswith((".yaml", ".yml")):
+            raise forms.ValidationError(
+                "name the file with letters, digits, '.', '_' or '-' (not a YAML file)"
+            )
+        if upload.size > ATTACHMENT_MAX_BYTES:
+            raise forms.ValidationError(f"at most {ATTACHMENT_MAX_BYTES // 1024} KB")
+        return {name: upload.read()}
+
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     task_sets = forms.ModelMultipleChoiceField(
         queryset=TaskSet.objects.order_by("name"),
@@ -416,6 +440,8 @@ def fill_unreadable(form: forms.Form) -> None:
             form.cleaned_data[name] = None
         elif isinstance(form_field, forms.BooleanField):
             form.cleaned_data[name] = False
+        elif isinstance(form_field, forms.FileField):
+            form.cleaned_data[name] = None
         else:
             raw = form[name].value()
             form.cleaned_data[name] = raw.strip() if isinstance(raw, str) else ""
@@ -455,7 +481,9 @@ def command_issues(spec: ExperimentSpec) -> list[tuple[Loc, str]]:
     return issues
 
 
-def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -> list[tuple[Loc, str]]:
+def file_reference_issues(
+    spec: ExperimentSpec, experiment: Experiment | None, attached: list[str] | None = None
+) -> list[tuple[Loc, str]]:
     """Files and folders a layer points to must travel in the experiment's bundle, which only a
     YAML import builds: the browser can keep the references an import brought, not add new ones."""
     refs = layer_refs(spec.defaults, ("defaults",))
@@ -467,6 +495,7 @@ def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -
     if experiment is not None and experiment.bundle_id:
         bundled = set(read_bundle(bytes(experiment.bundle.data)))
     base = experiment.yaml_path.rsplit("/", 1)[0] if experiment and "/" in experiment.yaml_path else ""
+    bundled |= {f"{base}/{name}" if base else name for name in attached or []}
     issues = []
     for ref in refs:
         path = _normalise(f"{base}/{ref.raw}" if base else ref.raw)
@@ -474,8 +503,8 @@ def file_reference_issues(spec: ExperimentSpec, experiment: Experiment | None) -
             issues.append(
                 (
                     ref.loc,
-                    f"{ref.raw!r} is not in this experiment's files; import the experiment's YAML "
-                    "with its files to use it (python manage.py import_experiment)",
+                    f"{ref.raw!r} is not in this experiment's files: attach it below, or import the "
+                    "experiment's YAML with its files (python manage.py import_experiment)",
                 )  # fmt: skip
             )
     return issues

@@ -46,7 +46,8 @@ def experiment_edit(request: HttpRequest, slug: str) -> HttpResponse:
 def _edit(request: HttpRequest, experiment: Experiment | None) -> HttpResponse:
     initial, variant_initials = ef.experiment_initial(experiment) if experiment else ({}, [])
     data = request.POST if request.method == "POST" else None
-    form = ef.ExperimentForm(data, initial=initial, editing=experiment)
+    files = request.FILES if request.method == "POST" else None
+    form = ef.ExperimentForm(data, files, initial=initial, editing=experiment)
     formset = ef.VariantFormSet(data, initial=variant_initials, prefix="variants")
     formset.extra = 0 if experiment else 2  # a new experiment compares two variants, usually
     if data is not None:
@@ -71,15 +72,18 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     variant_forms = [f for f in formset.forms if f not in deleted and f.cleaned_data]
     data, sources = ef.spec_data(form, variant_forms)
     spec, issues = ef.validate_spec(data)
+    attachment = form.cleaned_data.get("attachment") or {}
     if spec is not None:
-        issues = ef.command_issues(spec) + ef.file_reference_issues(spec, experiment)
+        issues = ef.command_issues(spec) + ef.file_reference_issues(spec, experiment, list(attachment))
     problems = ef.in_use_issues(experiment, sources, deleted)
     if spec is None or issues or problems or not fields_ok:
         ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)
         return None
     name = form.cleaned_data["name"].strip()
     try:
-        return definitions.save_experiment(spec, name=name, experiment=experiment, user=request.user)
+        return definitions.save_experiment(
+            spec, name=name, experiment=experiment, user=request.user, attachments=attachment
+        )
     except definitions.NotAllowed as refusal:
         form.add_error(None, str(refusal))
         return None

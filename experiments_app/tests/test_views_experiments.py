@@ -353,3 +353,24 @@ def test_typed_agent_fields_fill_the_agent_options_and_come_back_on_edit(admin_c
     assert any(
         "set here and in the agent options" in e for e in clash.context["formset"][0].errors["command"]
     )
+
+
+def test_a_script_attached_in_the_form_joins_the_bundle_and_its_variant_may_name_it(admin_client):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from experiments_app.specs.bundles import read_bundle
+
+    smoke_experiment()
+    variant = _variant(1, "scripted", "command", command="python3 {script}", options="script: agent.py")
+    data = _form_data(_variant(0, "reference", "oracle"), variant)
+
+    refused = admin_client.post(reverse("experiment_create"), data)  # not attached: refused
+    assert any("attach it below" in e for e in refused.context["formset"][1].errors["options"])
+
+    attached = SimpleUploadedFile("agent.py", b"print('hi')\n")
+    saved = admin_client.post(reverse("experiment_create"), {**data, "attachment": attached})
+
+    assert saved.status_code == 302, saved.context and saved.context["problems"]
+    experiment = Experiment.objects.get(slug="ab-test")
+    assert read_bundle(bytes(experiment.bundle.data))["agent.py"] == b"print('hi')\n"
+    assert experiment.variants.get(slug="scripted").agent["script"] == "agent.py"

@@ -117,3 +117,39 @@ def test_the_experiment_page_counts_exactly_the_trials_a_launch_makes(member_cli
     assert page.context["trials_per_run"] == launched.n_trials
     assert sum(count for _, count, _ in page.context["preview"]) == launched.trials.count()
     assert "resolved config of its first" in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_script_attached_in_the_form_runs_as_its_command_agent(
+    admin_client, tmp_path, celery_worker_process
+):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from experiments_app.models import Experiment
+    from runs_app.launching import LaunchOptions, launch_run
+    from runs_app.tests.engine.test_runner_worker import wait_for_run
+    from runs_app.tests.factories import import_folder_tasks, make_task
+
+    make_task(tmp_path, "needs-out", "task_id: needs-out\ninitial_prompt: go\nsuccess_criteria:\n"
+              "  - {type: file_contains, path: out.txt, includes: [from-the-script]}\n")  # fmt: skip
+    import_folder_tasks(tmp_path)
+    prefix = "variants-0-"
+    blank = ("description", "model", "base_url", "prompt_via", "permission_mode", "prompt_prefix",
+             "prompt_suffix", "run_limits", "repeats", "other")  # fmt: skip
+    fields = {"variant_id": "scripted", "agent_type": "command", "command": "python3 {script}",
+              "options": "script: agent.py", **dict.fromkeys(blank, "")}  # fmt: skip
+    data = {
+        "experiment_id": "attached", "repeats": "1", "max_parallel": "1",
+        **dict.fromkeys(("name", "description", "include_tags", "exclude_tags", "baseline", "run_limits",
+                         "other_defaults", "gates"), ""),
+        "variants-TOTAL_FORMS": "1", "variants-INITIAL_FORMS": "0", "variants-MIN_NUM_FORMS": "0",
+        "variants-MAX_NUM_FORMS": "1000", **{prefix + k: v for k, v in fields.items()},
+        "attachment": SimpleUploadedFile("agent.py", b"open('out.txt', 'w').write('from-the-script')\n"),
+    }  # fmt: skip
+    assert admin_client.post(reverse("experiment_create"), data).status_code == 302
+
+    run = launch_run(Experiment.objects.get(slug="attached"), options=LaunchOptions(task_slugs=["needs-out"]))
+    run = wait_for_run(run, timeout=60, worker=celery_worker_process)
+
+    trial = run.trials.get()
+    assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-500:])
