@@ -391,17 +391,23 @@ def validate_spec(data: dict) -> tuple[ExperimentSpec | None, list[tuple[Loc, st
     """The validated spec, or every problem as (location in the YAML, message): the importer's
     rules, unknown keys (`max_turn` in run limits) included."""
     issues: list[tuple[Loc, str]] = []
+    dropped: list[Loc] = []
     for _ in range(4):
         try:
             spec = ExperimentSpec.model_validate(data)
         except ValidationError as exc:
-            found = [issue for issue in _issues(exc) if issue not in issues]
+            # (a field dropped on an earlier round may now be "missing": that is not news)
+            found = [
+                i for i in _issues(exc) if i not in issues and not any(i[0][: len(d)] == d for d in dropped)
+            ]
             issues += found
             # Checks across fields (the baseline, duplicate ids) run only once every field is
             # valid: without the fields just reported, validate again to find those too.
             data = copy.deepcopy(data)
-            if not found or not any(_drop(data, loc) for loc, _ in found):
+            removed = [loc for loc, _ in found if _drop(data, loc)]
+            if not removed:
                 return None, issues
+            dropped += removed
             continue
         unknown = [issue for issue in unknown_key_problems(spec) if issue not in issues]
         return (None, issues + unknown) if issues or unknown else (spec, [])
@@ -463,20 +469,22 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
     return issues
 
 
-def command_issues(spec: ExperimentSpec) -> list[tuple[Loc, str]]:
+def command_issues(data: dict) -> list[tuple[Loc, str]]:
     """A `command` variant must say what to run (in its options, or the experiment's defaults):
-    saved without one, every trial of it would fail at setup."""
-    default_agent = spec.defaults.agent.model_dump(exclude_unset=True) if spec.defaults.agent else {}
+    saved without one, every trial of it would fail at setup. Read from the form's data, so it is
+    reported with the other problems even when the spec has some."""
+    defaults = data.get("defaults") or {}
+    default_agent = defaults.get("agent") if isinstance(defaults.get("agent"), dict) else {}
     issues = []
-    for i, variant in enumerate(spec.variants):
-        agent = variant.agent.model_dump(exclude_unset=True) if variant.agent else {}
+    for i, variant in enumerate(data.get("variants") or []):
+        agent = variant.get("agent") if isinstance(variant.get("agent"), dict) else {}
         kind = agent.get("type") or default_agent.get("type")
         if kind == "command" and not any(
             layer.get(key) for layer in (agent, default_agent) for key in ("command", "script")
         ):
             issues.append(
                 (("variants", i, "agent", "command"), "a command agent needs `command:` (what to run, e.g. "
-                 "command: [python3, agent.py]) in its agent options")
+                 "python3 agent.py)")
             )  # fmt: skip
     return issues
 

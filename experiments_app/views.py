@@ -73,8 +73,9 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     data, sources = ef.spec_data(form, variant_forms)
     spec, issues = ef.validate_spec(data)
     attachment = form.cleaned_data.get("attachment") or {}
+    issues += ef.command_issues(data)
     if spec is not None:
-        issues = ef.command_issues(spec) + ef.file_reference_issues(spec, experiment, list(attachment))
+        issues += ef.file_reference_issues(spec, experiment, list(attachment))
     problems = ef.in_use_issues(experiment, sources, deleted)
     if spec is None or issues or problems or not fields_ok:
         ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)

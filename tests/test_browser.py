@@ -154,3 +154,78 @@ def test_wide_comparisons_and_run_pages_fit_the_window_at_any_width(page, live_s
         )
         page.screenshot(path=ARTIFACTS / f"{name}-{width}px.png", full_page=True)
         assert overflow <= 1, f"{name} page is {overflow}px wider than a {width}px window"
+
+
+def test_a_team_sets_up_in_one_pass_watches_failures_explained_resumes_and_compares(
+    page, live_server, tmp_path, member
+):
+    """The issue's browser flow, with its own worker (no OpenAI key: the codex arm fails fast)."""
+    from conftest import WorkerProcess, purge_broker
+
+    member.is_staff = True  # staff may define command agents
+    member.save()
+    purge_broker()
+    worker = WorkerProcess(tmp_path, extra_env={"OPENAI_API_KEY": "", "FAIL_FAST_AFTER": "3"}).start()
+    script = tmp_path / "agent.py"
+    script.write_text("open('out.txt', 'w').write('done')\n")
+    try:
+        # One pass: a bad first try shows every problem at once, at the top and at each field.
+        page.goto(live_server.url + reverse("experiment_create"))
+        page.fill("#id_experiment_id", "team-flow")
+        page.fill("#id_include_tags", "smoke")
+        page.fill("#id_max_parallel", "1")
+        _fill_variant(page, 0, "reference", "oracle")
+        _fill_variant(page, 1, "reference", "command")  # a duplicate id, and no command
+        page.fill("#id_baseline", "nobody")
+        page.click("#experiment-form button[type=submit]")
+        problems = page.locator('[data-testid="form-problems"]')
+        expect(problems).to_contain_text("duplicate variant_id")
+        expect(problems).to_contain_text("no variant 'nobody'")
+        expect(problems).to_contain_text("needs `command:`")
+        # Fixed, with the command agent's script attached, and a third variant.
+        page.fill("#id_variants-1-variant_id", "scripted")
+        page.fill("#id_variants-1-command", "python3 {script}")
+        page.fill("#id_variants-1-options", "script: agent.py")
+        page.set_input_files("#id_attachment", str(script))
+        page.fill("#id_baseline", "reference")
+        page.click("#add-variant")
+        _fill_variant(page, 2, "no-op", "none")
+        page.click("#experiment-form button[type=submit]")
+        if page.locator('[data-testid="form-problems"]').count():
+            raise AssertionError(page.locator('[data-testid="form-problems"]').inner_text())
+        expect(page.locator(".message.success")).to_contain_text("Saved experiment team-flow")
+        expect(page.locator('[data-testid="trials-per-run"]')).to_contain_text("9")
+
+        page.click("#launch")
+        page.wait_for_url("**/runs/*/")
+        expect(page.locator('[data-testid="percent"]')).to_have_text("100%", timeout=60_000)
+        expect(page.locator('[data-count="error"]')).to_have_text("0")  # the attached script ran
+        first = Run.objects.get(experiment__slug="team-flow")
+        assert set(first.trials.filter(variant__slug="reference").values_list("status", flat=True)) == {
+            "passed"
+        }
+
+        # A variant whose key the workers lack: its errors grouped, and the run stops by itself.
+        keyless = Experiment.objects.create(slug="keyless", include_tags=["smoke"], max_parallel=1, repeats=3)
+        Variant.objects.create(experiment=keyless, slug="codex", agent={"type": "codex", "model": "gpt-5.5"})
+        stopped = launch_run(keyless)
+        page.goto(live_server.url + stopped.get_absolute_url())
+        expect(page.locator('[data-testid="stop-reason"]')).to_contain_text("same error", timeout=60_000)
+        expect(page.locator('[data-testid="error-digest"]')).to_contain_text("×")
+        page.screenshot(path=ARTIFACTS / "fail-fast.png", full_page=True)
+
+        # Resume the cancelled run (it stops again: the key is still missing), then compare two runs.
+        resume = page.locator("button", has_text="Resume")
+        expect(resume).to_be_visible(timeout=30_000)  # once the run has ended
+        resume.click()
+        expect(page.locator(".message.success")).to_contain_text("Resumed")
+        second = launch_run(Experiment.objects.get(slug="team-flow"))
+        page.goto(live_server.url + reverse("experiment_compare", args=["team-flow"]))
+        page.locator(f'input[name="pick"][value="{first.pk}"]').check()
+        page.locator(f'input[name="pick"][value="{second.pk}"]').check()
+        page.click(".compare-form button[type=submit]")
+        expect(page.locator(".lead").first).to_contain_text(f"run #{first.pk}")
+        expect(page.locator(".lead").first).to_contain_text(f"run #{second.pk}")
+        page.screenshot(path=ARTIFACTS / "compare-picked.png", full_page=True)
+    finally:
+        worker.kill()
