@@ -187,9 +187,19 @@ def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
     rows: list[EventRow] = []
     last_text: dict[str, str] = {}
     calls: dict[str, EventRow] = {}
+    model_calls: list[str] = []
+    usage: EventRow | None = None
     for event in events:
         row = event_row(event)
-        if row.kind in (TrialEvent.Kind.USAGE, TrialEvent.Kind.ERROR) and last_text.get(row.kind) == row.text:
+        if row.kind == TrialEvent.Kind.USAGE:
+            # One usage summary: the running totals' last figure, with every model call the
+            # gateway counted listed inside it.
+            if isinstance(event.data, dict) and event.data.get("source") == "gateway":
+                model_calls.append(row.text)
+            else:
+                usage = row
+            continue
+        if row.kind == TrialEvent.Kind.ERROR and last_text.get(row.kind) == row.text:
             continue
         last_text[row.kind] = row.text
         call_id = str(event.data.get("id") or "") if isinstance(event.data, dict) else ""
@@ -206,6 +216,13 @@ def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
             call.title += " → error" if failed else ""
             continue
         rows.append(row)
+    if usage is not None or model_calls:
+        summary = usage or EventRow(events[-1].seq, events[-1].at, TrialEvent.Kind.USAGE, "usage")
+        summary.title = "usage"
+        if model_calls:
+            summary.text = summary.text or f"{len(model_calls)} model calls"
+            summary.body = "\n".join(f"call {i}: {text}" for i, text in enumerate(model_calls, 1))
+        rows.append(summary)
     return rows
 
 

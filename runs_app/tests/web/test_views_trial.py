@@ -135,17 +135,19 @@ def test_it_keeps_the_trial_page_query_count_flat(member_client, django_assert_m
     assert response.status_code == 200
 
 
-def test_the_transcript_shows_a_repeated_usage_total_and_error_once(member_client):
+def test_the_transcript_sums_usage_up_once_and_shows_a_repeated_error_once(member_client):
     trial = finish_trial(launched_run().trials.order_by("pk").first(), "error")
     now = timezone.now()
     usage = {"input_tokens": 10, "output_tokens": 5, "turns": 1}
+    gateway = {"source": "gateway", "api": "anthropic", "status": 200, "input_tokens": 7}
     for seq, (kind, data) in enumerate(
         [
             ("usage", usage),
+            ("usage", gateway),
             ("error", {"message": "the API rejected the key", "category": "auth"}),
-            ("usage", usage),  # the run's total, the same as the agent's last report
+            ("usage", {**gateway, "input_tokens": 3}),
             ("error", {"message": "the API rejected the key", "category": "auth"}),
-            ("usage", {**usage, "output_tokens": 6}),  # a new figure is shown
+            ("usage", {**usage, "output_tokens": 6}),  # the final totals
         ],
         start=1,
     ):
@@ -153,7 +155,11 @@ def test_the_transcript_shows_a_repeated_usage_total_and_error_once(member_clien
 
     page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
 
-    assert [e.seq for e in page.context["events"]] == [1, 2, 5]
+    rows = page.context["events"]
+    assert [(r.seq, r.kind) for r in rows] == [(3, "error"), (6, "usage")]
+    summary = rows[-1]
+    assert "output tokens 6" in summary.text
+    assert summary.body.count("call ") == 2 and "input tokens 3" in summary.body
 
 
 def test_the_resolved_config_shows_only_the_options_the_agent_kind_reads(member_client):
