@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -46,8 +45,7 @@ def _touch(run_id: int, trial_id: int | None) -> None:
     for name in [f"run-{run_id}", *([f"trial-{trial_id}"] if trial_id else [])]:
         path = folder / name
         try:
-            path.touch()
-            os.utime(path)
+            path.touch()  # (an existing file: its mtime, which the listener watches)
         except OSError:  # a page that misses one change catches up on its keep-alive check
             logger.debug("live: cannot touch %s", path, exc_info=True)
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from experiments_app.models import TaskVersion
 from runs_app import control, launching
 from runs_app.engine import regrade
-from runs_app.engine.runner import Outcome
+from runs_app.engine.runner import Outcome, criterion_rows
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 # Criteria that read only the agent's trajectory, not its workspace.
@@ -131,14 +131,5 @@ def _store(
                 for seq, (at, kind, data) in enumerate(rows, 1)
             ]
         )
-        CriterionResult.objects.bulk_create(
-            [
-                CriterionResult(
-                    trial=new, index=c.index, type=c.type, description=c.description, score=c.score,
-                    passed=c.passed, weight=c.weight, pass_threshold=c.pass_threshold, gating=c.gating,
-                    details=c.details, error=c.error or "",
-                )
-                for c in outcome.criteria
-            ]
-        )  # fmt: skip
+        CriterionResult.objects.bulk_create(criterion_rows(new.pk, outcome.criteria))
     return new

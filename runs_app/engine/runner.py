@@ -901,20 +901,25 @@ class TrialExecution:
             self.recorder.flush()  # the last events land with the outcome, or not at all
             live.publish(self.trial.run_id, self.trial.pk)
             CriterionResult.objects.bulk_create(
-                [
-                    CriterionResult(
-                        trial_id=self.trial.pk, index=c.index, type=c.type, description=c.description,
-                        score=c.score, passed=c.passed, weight=c.weight, pass_threshold=c.pass_threshold,
-                        gating=c.gating, details=_redact(c.details, self.secret_values), error=c.error or "",
-                    )
-                    for c in outcome.criteria
-                ]
-            )  # fmt: skip
+                criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
+            )
         if self.recorder.dropped:
             logger.info(
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+def criterion_rows(trial_id: int, results: list, secrets: list[str] = ()) -> list[CriterionResult]:
+    """The stored rows of a trial's graded criteria (secrets redacted from their details)."""
+    return [
+        CriterionResult(
+            trial_id=trial_id, index=c.index, type=c.type, description=c.description, score=c.score,
+            passed=c.passed, weight=c.weight, pass_threshold=c.pass_threshold, gating=c.gating,
+            details=_redact(c.details, list(secrets)), error=c.error or "",
+        )
+        for c in results
+    ]  # fmt: skip
 
 
 VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
