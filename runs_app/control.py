@@ -13,6 +13,7 @@ gates.
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
 
@@ -24,7 +25,7 @@ from django.db.models.functions import Substr
 from django.utils import timezone
 
 from runs_app import live
-from runs_app.analysis import gates
+from runs_app.analysis import gates, rollup
 from runs_app.analysis.load import run_facts
 from runs_app.engine import runner
 from runs_app.engine.suites import evaluate_suites
@@ -133,14 +134,14 @@ def execute(trial_id: int, worker: str) -> str | None:
         return None
     _publish_trial(trial_id)
     status, run_id = runner.run_claimed(trial_id, worker)
-    next_id = after_trial(run_id, reserve=True)
+    next_id = after_trial(run_id, [trial_id], reserve=True)
     while next_id is not None:
         if not runner.claim(next_id, worker):
             release(next_id)
             break
         _publish_trial(next_id)
         _, run_id = runner.run_claimed(next_id, worker)
-        next_id = after_trial(run_id, reserve=time.monotonic() < chain_until)
+        next_id = after_trial(run_id, [next_id], reserve=time.monotonic() < chain_until)
     return status
 
 
@@ -178,7 +179,7 @@ def _fail_fast(run: Run) -> None:
     Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED).update(
         status=Trial.Status.CANCELLED, finished_at=timezone.now(), error_category="fail_fast"
     )
-    run.refresh_counts()
+    rollup.recount(run)
     logger.warning("run %s: %s", run.pk, run.stop_reason)
 
 
@@ -196,12 +197,13 @@ def _nothing_left(run: Run) -> bool:
     return not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials > 0
 
 
-def after_trial(run_id: int, reserve: bool = False) -> int | None:
-    """Called when a trial of the run reached a final state: recount, then fill the freed slot
-    or finish the run. Returns a reserved trial to run next when `reserve` is asked (see dispatch)."""
+def after_trial(run_id: int, trial_ids: Sequence[int] = (), reserve: bool = False) -> int | None:
+    """Called when trials of the run reached a final state: recount (their units' tallies and
+    the run), then fill the freed slot or finish the run. Returns a reserved trial to run next
+    when `reserve` is asked (see dispatch)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        sent = run.refresh_counts()
+        sent = rollup.recount(run, trial_ids)
         _fail_fast(run)
         live.publish(run_id)
         if not _nothing_left(run):
@@ -215,7 +217,7 @@ def refresh_run(run_id: int) -> Run:
     with transaction.atomic():
         # Locked, so two workers finishing at once cannot write a stale count last.
         run = Run.objects.select_for_update().get(pk=run_id)
-        run.refresh_counts()
+        rollup.recount(run)
         live.publish(run_id)
     if _nothing_left(run):
         return finish_run(run_id)
@@ -225,7 +227,7 @@ def refresh_run(run_id: int) -> Run:
 def finish_run(run_id: int) -> Run:
     """Judge the suites and gates of a run with nothing pending (no lock held), then store them
     with the final status in one short locked write."""
-    run = Run.objects.get(pk=run_id)
+    run = _rolled_up(run_id)
     suite_results = evaluate_suites(run)
     gate_results = _judge_gates(run, suite_results)
     with transaction.atomic():
@@ -244,15 +246,23 @@ def finish_run(run_id: int) -> Run:
     return run
 
 
+def _rolled_up(run_id: int) -> Run:
+    """The run with every unit regrouped, before the gates read it: a worker that died between
+    storing a result and `after_trial` left that unit's tally behind."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        rollup.recount(run)
+    return run
+
+
 def rejudge_run(run_id: int) -> Run:
     """Recount an ended run and judge its suites and gates again (after `evaluate` re-graded
     some of its trials); its status and end time stay."""
-    run = Run.objects.get(pk=run_id)
+    run = _rolled_up(run_id)
     suite_results = evaluate_suites(run)
     gate_results = _judge_gates(run, suite_results)
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        run.refresh_counts()
         run.suite_results, run.gate_results = suite_results, gate_results
         run.gates_passed = gates.all_passed(gate_results)
         run.save(update_fields=["suite_results", "gate_results", "gates_passed"])
@@ -335,7 +345,7 @@ def _reopen(run: Run) -> None:
     )
     live.publish(run.pk)
     run.refresh_from_db()
-    run.refresh_counts()
+    rollup.recount(run)
 
 
 def _next_attempt(trial: Trial) -> Trial:
@@ -362,7 +372,7 @@ def reap_expired_leases() -> int:
     """Put running trials whose worker died (lease expired) back in the queue, up to the
     attempt limit, then mark them `error`; re-dispatch queued trials whose message was lost."""
     now = timezone.now()
-    runs = set()
+    runs: dict[int, list[int]] = {}
     reaped = 0
     expired = Trial.objects.filter(status=Trial.Status.RUNNING, lease_expires_at__lt=now)
     rows = expired.values_list("pk", "run_id", "attempt", "lease_owner", "run__cancel_requested")
@@ -392,22 +402,22 @@ def reap_expired_leases() -> int:
             note = f"worker {owner} died on the last allowed attempt"
         if changed:
             reaped += 1
-            runs.add(run_id)
+            runs.setdefault(run_id, []).append(trial_id)
             _append_event(trial_id, TrialEvent.Kind.SYSTEM, {"text": note})
             logger.warning("trial %s: %s", trial_id, note)
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
     lost = Trial.objects.current().filter(status=Trial.Status.QUEUED, dispatched_at__lt=stale)
-    runs.update(lost.values_list("run_id", flat=True).distinct())
+    waiting = set(lost.values_list("run_id", flat=True).distinct())
     lost.update(dispatched_at=None)
     # Runs that still wait on work (e.g. every message of a killed worker was lost).
-    runs.update(
+    waiting.update(
         Run.objects.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING], cancel_requested=False)
         .filter(trials__status=Trial.Status.QUEUED, trials__dispatched_at__isnull=True)
         .values_list("pk", flat=True)
         .distinct()
     )
-    for run_id in runs:
-        after_trial(run_id)
+    for run_id in waiting | set(runs):
+        after_trial(run_id, runs.get(run_id, ()))
     return reaped
 
 

@@ -30,7 +30,7 @@ from experiments_app.specs.resolve import (
     trial_layers,
 )
 from runs_app import control
-from runs_app.analysis import planning
+from runs_app.analysis import planning, rollup
 from runs_app.analysis.load import load
 from runs_app.models import Run, Trial
 
@@ -89,7 +89,7 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
         Trial.objects.bulk_create(trials, batch_size=500)
         run.fingerprint = _run_fingerprint(trials)
         run.save(update_fields=["fingerprint"])
-        run.refresh_counts()
+        rollup.recount(run)
         transaction.on_commit(partial(control.enqueue_dispatch, run.pk))
     return run
 

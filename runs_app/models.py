@@ -57,6 +57,8 @@ class Run(models.Model):
     cancel_requested = models.BooleanField(default=False)
     # Why the run stopped before its end, in words (fail-fast: the error every trial hit).
     stop_reason = models.TextField(blank=True)
+    # Its UnitTally rows are complete (runs from before the tallies are rolled up when first read).
+    tallied = models.BooleanField(default=False)
     # Counts are derived from trial outcomes (refresh_counts), never from exit codes.
     n_trials = models.PositiveIntegerField(default=0)
     n_queued = models.PositiveIntegerField(default=0)
@@ -310,6 +312,46 @@ class CriterionResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.index}: {'pass' if self.passed else 'fail'}"
+
+
+class UnitTally(models.Model):
+    """The current trials of one unit (task version, dataset row) in one variant of a run, summed:
+    what the comparison, the gates and the reports read instead of the trials themselves.
+    Written by `analysis.rollup` only; every change to a run's trials is followed by it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tallies", db_index=False)
+    variant = models.ForeignKey(Variant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    task_version = models.ForeignKey(TaskVersion, on_delete=models.CASCADE, related_name="+", db_index=False)
+    dataset_row_id = models.CharField(max_length=200, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    passed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    agent_errors = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    score_sum = models.FloatField(default=0.0)
+    score_n = models.PositiveIntegerField(default=0)
+    duration_sum = models.FloatField(default=0.0)
+    duration_n = models.PositiveIntegerField(default=0)
+    tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.FloatField(default=0.0)
+    first_trial_id = models.BigIntegerField(null=True)
+    fingerprint_min = models.CharField(max_length=64, blank=True)
+    fingerprint_max = models.CharField(max_length=64, blank=True)
+    dataset_rows = models.PositiveIntegerField(default=0)
+    # "#1 file_exists" -> [passes, graded]: each criterion over the unit's graded trials.
+    criteria = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            # One row per unit; also serves reading a run's tallies (run first) and replacing a unit's.
+            models.UniqueConstraint(
+                fields=["run", "variant", "task_version", "dataset_row_id"], name="unittally_unit_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} variant {self.variant_id} task version {self.task_version_id}"
 
 
 class TrialEvent(models.Model):

@@ -1,8 +1,8 @@
 """What the comparison and the gates read from the database.
 
-1. `load(runs)` runs four queries: the current trials grouped in SQL by (run, variant, task
-   version, dataset row) with their counts and sums, the criterion results grouped the same
-   way, then the task versions and the variants they name.
+1. `load(runs)` runs three queries: the runs' unit tallies (the current trials summed per
+   (run, variant, task version, dataset row) with each criterion's passes, kept by `rollup`),
+   then the task versions and the variants they name.
 2. `analysis.compare.compare(data, baseline=…, tags=…)` computes everything else in Python.
 
 `compare_runs(runs, …)` does both; `run_facts(run, suites)` is what the gates judge. A page
@@ -15,29 +15,24 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
-from django.db.models import Count, F, Max, Min, Q, Sum
-from django.db.models.functions import Collate
-
 from experiments_app.models import TaskVersion, Variant
+from runs_app.analysis import rollup
 from runs_app.analysis.compare import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit, compare
 from runs_app.analysis.gates import RunFacts, VariantFacts, VersusFacts
-from runs_app.analysis.tally import AGENT_ERROR_CATEGORIES
-from runs_app.models import CriterionResult, Run, Trial
+from runs_app.models import Run, UnitTally
 
 # --- loading ---------------------------------------------------------------------------------
 
 
 def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
-    """Read what a comparison of `runs` needs: four queries, whatever the number of trials
-    (three without the per-criterion breakdown).
+    """Read what a comparison of `runs` needs from their unit tallies (see `rollup`): three
+    queries, whatever the number of trials; a 100,000-trial run is a few thousand rows.
 
-    Durations are summed per unit in the same GROUP BY: an exact median over 100,000 trials
-    needs a second pass over them (a window function, or reading every duration), which
-    costs SQLite 60-120 ms, more than the rest of the statistics together.
+    Durations are summed per unit: an exact median over 100,000 trials would need every
+    duration read again, more than the rest of the statistics together.
     """
-    run_ids = [run.pk for run in runs]
-    rows = _grouped_trials(run_ids)
+    rollup.ensure(runs)
+    rows = _tally_rows([run.pk for run in runs], criteria)
     versions = {
         row["pk"]: row
         for row in TaskVersion.objects.filter(pk__in={row[2] for row in rows}).values(
@@ -55,15 +50,21 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
         for v in versions.values()
     }
     cells: dict[tuple[str, int, str], Cell] = {}
+    found: dict[tuple[str, str], dict[tuple[int, str], tuple[int, int]]] = {}
     digests = {}
     units = set()
-    for run_id, variant_id, version_id, row_id, cell in rows:
+    for run_id, variant_id, version_id, row_id, cell, by_criterion in rows:
         task_id = versions[version_id]["task_id"]
-        key = (arm_of[(run_id, variant_id)], task_id, row_id)
+        arm = arm_of[(run_id, variant_id)]
+        key = (arm, task_id, row_id)
         # A run holds one version of each task; should one hold two, they are one task here.
         cells[key] = cells[key].merged(cell) if key in cells else cell
         digests[(run_id, task_id)] = versions[version_id]["bundle_id"]
         units.add(Unit(tasks[task_id], row_id))
+        for name, (passes, n) in by_criterion.items():
+            counts = found.setdefault((arm, name), {})
+            before = counts.get((task_id, row_id), (0, 0))
+            counts[(task_id, row_id)] = (before[0] + passes, before[1] + n)
     return ComparisonData(
         runs=list(runs),
         arms=arms,
@@ -72,42 +73,8 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
         cells=cells,
         digests=digests,
         default_baseline=_default_baseline(runs, arms, variants),
-        criteria=_criteria(run_ids, arm_of, versions) if criteria else {},
+        criteria=found,
     )
-
-
-def _criteria(run_ids: list[int], arm_of: dict, versions: dict) -> dict:
-    """(arm key, criterion) -> {(task id, row): (passes, n)} over graded current trials."""
-    grouped = (
-        CriterionResult.objects.filter(
-            trial__run_id__in=run_ids,
-            trial__status__in=[Trial.Status.PASSED, Trial.Status.FAILED],
-            trial__is_latest=True,
-        )
-        .values("trial__run_id", "trial__variant_id", "trial__task_version_id", "trial__dataset_row_id")
-        .annotate(n=Count("pk"), passes=Count("pk", filter=Q(passed=True)))
-        .values_list(
-            "trial__run_id",
-            "trial__variant_id",
-            "trial__task_version_id",
-            "trial__dataset_row_id",
-            "index",
-            "type",
-            "passes",
-            "n",
-        )
-        .order_by()
-    )
-    found: dict[tuple[str, str], dict[tuple[int, str], tuple[int, int]]] = {}
-    for run_id, variant_id, version_id, row_id, index, kind, passes, n in grouped:
-        if (run_id, variant_id) not in arm_of or version_id not in versions:
-            continue
-        name = f"#{index + 1} {kind}"
-        unit = (versions[version_id]["task_id"], row_id)
-        counts = found.setdefault((arm_of[(run_id, variant_id)], name), {})
-        before = counts.get(unit, (0, 0))
-        counts[unit] = (before[0] + passes, before[1] + n)
-    return found
 
 
 def _arms(runs: Sequence[Run], rows: list[tuple], variants: dict[int, dict]) -> list[Arm]:
@@ -127,80 +94,25 @@ def _arms(runs: Sequence[Run], rows: list[tuple], variants: dict[int, dict]) -> 
     return arms
 
 
-def _grouped_trials(run_ids: list[int]) -> list[tuple[int, int, int, str, Cell]]:
-    """(run id, variant id, task version id, dataset row id, Cell) for each group of current
-    trials.
-
-    The SQL is Django's, but rows come straight from the cursor: Django's per-value
-    converters cost 45 ms on 10,000 groups of 16 aggregates, a third of the query itself.
-    """
-    if not run_ids:
-        return []
-    graded = Q(status__in=[Trial.Status.PASSED, Trial.Status.FAILED])
-    database = Trial.objects.db
-    # Hex digests compare the same under any collation; PostgreSQL's default (the locale's)
-    # makes MIN/MAX over 100,000 of them cost 40 ms, "C" (bytewise) 15 ms. SQLite's is bytewise.
-    fingerprint = (
-        Collate("config_fingerprint", "C")
-        if connections[database].vendor == "postgresql"
-        else F("config_fingerprint")
-    )
-    aggregates = {
-        "total": Count("pk"),
-        "passed": Count("pk", filter=Q(status=Trial.Status.PASSED)),
-        "failed": Count("pk", filter=Q(status=Trial.Status.FAILED)),
-        "errors": Count("pk", filter=Q(status=Trial.Status.ERROR)),
-        "agent_errors": Count(
-            "pk", filter=Q(status=Trial.Status.ERROR, error_category__in=sorted(AGENT_ERROR_CATEGORIES))
-        ),
-        "cancelled": Count("pk", filter=Q(status=Trial.Status.CANCELLED)),
-        "score_sum": Sum("score", filter=graded),
-        "score_n": Count("score", filter=graded),
-        "duration_sum": Sum("duration_seconds", filter=graded),
-        "duration_n": Count("duration_seconds", filter=graded),
-        "tokens": Sum(
-            F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_creation_tokens")
-        ),
-        "cost": Sum("cost_usd"),
-        "first_trial_id": Min("pk"),
-        "fingerprint_min": Min(fingerprint),
-        "fingerprint_max": Max(fingerprint),
-        "dataset_rows": Count("pk", filter=~Q(dataset_row_id="")),
-    }
-    query = (
-        # current() reads trial_comparison_idx in GROUP BY order and skips a sort (see its note).
-        Trial.objects.filter(run_id__in=run_ids)
-        .current()
-        .values("run_id", "variant_id", "task_version_id", "dataset_row_id")
-        .annotate(**aggregates)
-        .order_by()  # Trial's default ordering would add pk to the GROUP BY
-        .values_list("run_id", "variant_id", "task_version_id", "dataset_row_id", *aggregates)
-    )
-    sql, params = query.query.sql_with_params()
-    with connections[database].cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(*row[:4], _cell(dict(zip(aggregates, row[4:], strict=True)))) for row in cursor.fetchall()]
+CELL_FIELDS = (
+    "passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n",
+    "duration_sum", "duration_n", "tokens", "cost", "first_trial_id",
+)  # fmt: skip
 
 
-def _cell(values: dict[str, Any]) -> Cell:
-    return Cell(
-        passed=values["passed"],
-        failed=values["failed"],
-        errors=values["errors"],
-        agent_errors=values["agent_errors"],
-        cancelled=values["cancelled"],
-        total=values["total"],
-        score_sum=float(values["score_sum"] or 0.0),
-        score_n=values["score_n"],
-        duration_sum=float(values["duration_sum"] or 0.0),
-        duration_n=values["duration_n"],
-        # PostgreSQL sums bigints as numeric: Decimal, not int.
-        tokens=int(values["tokens"] or 0),
-        cost=float(values["cost"] or 0.0),
-        first_trial_id=values["first_trial_id"],
-        fingerprints=(values["fingerprint_min"] or "", values["fingerprint_max"] or ""),
-        dataset_rows=values["dataset_rows"],
-    )
+def _tally_rows(run_ids: list[int], criteria: bool) -> list[tuple[int, int, int, str, Cell, dict]]:
+    """(run id, variant id, task version id, dataset row id, Cell, criteria) per unit tally."""
+    fields = ("run_id", "variant_id", "task_version_id", "dataset_row_id", *CELL_FIELDS,
+              "fingerprint_min", "fingerprint_max", "dataset_rows")  # fmt: skip
+    query = UnitTally.objects.filter(run_id__in=run_ids).order_by()
+    if criteria:
+        fields = (*fields, "criteria")
+    rows = []
+    for row in query.values_list(*fields):
+        values = dict(zip(CELL_FIELDS, row[4:17], strict=True))
+        cell = Cell(**values, fingerprints=(row[17], row[18]), dataset_rows=row[19])
+        rows.append((*row[:4], cell, row[20] if criteria else {}))
+    return rows
 
 
 def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, dict]) -> str | None:

@@ -35,6 +35,7 @@ from experiments_app.definitions import add_recorded_variants, recorded_experime
 from experiments_app.models import Experiment, Task, TaskVersion, Variant
 from experiments_app.specs import TaskSpec
 from experiments_app.specs.task import TASK_ID_RE
+from runs_app.analysis import rollup
 from runs_app.engine.suites import evaluate_suites
 from runs_app.launching import trial_fingerprint
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
@@ -215,7 +216,7 @@ def import_coder_eval_run(directory: Path, *, user=None, experiment_slug: str | 
         versions, created_tasks, warnings = _task_versions_for(recorded)
         run = _create_run(recorded, experiment, variants, versions, user)
         _create_trials(recorded, run, variants, versions)
-        run.refresh_counts()
+        rollup.recount(run)
         # A dataset run's suite thresholds (in the recorded criteria) judged over its rows.
         run.suite_results = evaluate_suites(run)
         run.save(update_fields=["suite_results"])

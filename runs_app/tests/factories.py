@@ -3,10 +3,13 @@
 import textwrap
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 from experiments_app.definitions import import_experiment, import_tasks
 from experiments_app.models import Experiment
+from runs_app.analysis import rollup
+from runs_app.models import Run, Trial, UnitTally
 
 EXAMPLES = settings.BASE_DIR / "examples"
 
@@ -35,3 +38,18 @@ def make_task(folder: Path, slug: str, text: str, files: dict[str, str] | None =
 
 def import_folder_tasks(folder: Path, task_set: str | None = None) -> None:
     import_tasks([folder / "tasks"], task_set=task_set)
+
+
+def assert_tallies_match(run: Run) -> None:
+    """The stored tallies equal the trials grouped afresh (criteria included)."""
+    fresh = rollup.grouped_trials(Trial.objects.filter(run_id=run.pk))
+    criteria = rollup.grouped_criteria(run.pk, rollup.Q())
+    stored = {
+        (t.variant_id, t.task_version_id, t.dataset_row_id): t
+        for t in UnitTally.objects.filter(run_id=run.pk)
+    }
+    assert set(stored) == set(fresh)
+    for unit, values in fresh.items():
+        row = stored[unit]
+        assert {name: getattr(row, name) for name in values} == pytest.approx(values), unit
+        assert row.criteria == criteria.get(unit, {}), unit

@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 
 from experiments_app.definitions import import_experiment, import_tasks
+from runs_app.analysis import rollup
 from runs_app.models import Run, Trial
 from runs_app.tokens import create_token, revoke_token
 
@@ -158,7 +159,7 @@ def test_it_shows_a_runs_status_counts_gates_and_summary(client, member_token, o
     reference = [t for t in trials if t.variant.slug == "reference"]
     Trial.objects.filter(pk__in=[t.pk for t in reference[:2]]).update(status="passed", score=1.0)
     Trial.objects.filter(pk=reference[2].pk).update(status="error")
-    Run.objects.get(pk=run_id).refresh_counts()
+    rollup.recount(Run.objects.get(pk=run_id))
     Run.objects.filter(pk=run_id).update(gate_results=[{"gate": "min_pass_rate", "passed": False}])
     # Runs are visible to every member of the team.
     response = call(client, "get", f"/api/runs/{run_id}", outsider_token)

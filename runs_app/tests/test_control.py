@@ -8,6 +8,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from runs_app import control
+from runs_app.analysis import rollup
 from runs_app.engine import runner
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
@@ -109,7 +110,7 @@ def historical():
 
     run = import_run(RUNS / "ab")
     Trial.objects.filter(pk=Trial.objects.filter(run=run).first().pk).update(status=Trial.Status.ERROR)
-    run.refresh_counts()
+    rollup.recount(run)
     return run
 
 

@@ -19,6 +19,7 @@ from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 from runs_app.tests.factories import (
     EXAMPLES,
+    assert_tallies_match,
     import_examples,
     import_folder_tasks,
     make_experiment,
@@ -143,6 +144,7 @@ def test_a_killed_worker_loses_no_trial_and_finishes_each_exactly_once(tmp_path)
     assert sorted(row["n"] for row in finished_phases) == [1] * 12
     per_trial = CriterionResult.objects.filter(trial__run=run).values("trial").annotate(n=Count("pk"))
     assert [row["n"] for row in per_trial] == [1] * 12
+    assert_tallies_match(run)
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -208,6 +210,7 @@ def test_retry_runs_only_errored_trials_again_and_keeps_old_attempts(tmp_path, c
     assert (failed_after.pk, failed_after.finished_at) == (failed_before.pk, failed_before.finished_at)
     run.refresh_from_db()
     assert run.n_trials == 2 and run.n_error == 1 and run.n_failed == 1
+    assert_tallies_match(run)
 
 
 def test_a_token_budget_stops_the_agent_mid_stream(tmp_path, celery_worker_process):

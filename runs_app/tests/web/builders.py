@@ -4,6 +4,7 @@ from django.utils import timezone
 
 from experiments_app.models import Experiment
 from experiments_app.tests.factories import smoke_experiment
+from runs_app.analysis import rollup
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 
@@ -33,7 +34,7 @@ def finish_run(run: Run, statuses: list[str] | None = None) -> Run:
     statuses = statuses or ["passed", "failed"]
     for i, trial in enumerate(run.trials.filter(is_latest=True).order_by("pk")):
         finish_trial(trial, statuses[i % len(statuses)])
-    run.refresh_counts()
+    rollup.recount(run)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, finished_at=timezone.now())
     run.refresh_from_db()
     return run

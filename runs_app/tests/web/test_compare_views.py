@@ -59,7 +59,7 @@ def test_it_pins_the_comparison_page_query_count(member_client, django_assert_nu
     outcomes = {f"t{i}": {"base": "PF", "a": "PP", "b": "FE", "c": "PC"} for i in range(12)}
     many = make_run(experiment, outcomes)
     # Session, user, run, grouped trials, criteria, task versions, variants: the same for any size.
-    with django_assert_num_queries(7):
+    with django_assert_num_queries(6):
         response = member_client.get(compare_url(many))
     assert response.status_code == 200
     assert len(response.context["comparison"].rows) == 12
@@ -163,7 +163,7 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     url = reverse("experiment_compare", args=[experiment.slug])
     # Session, user, experiment, the picker's recent runs, runs, grouped trials, criteria, task
     # versions, variants.
-    with django_assert_num_queries(9):
+    with django_assert_num_queries(8):
         response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
     assert response.status_code == 200
     comparison = response.context["comparison"]

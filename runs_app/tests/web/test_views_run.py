@@ -2,6 +2,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from runs_app.analysis import rollup
 from runs_app.models import Run, Trial
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 
@@ -47,7 +48,7 @@ def test_it_shows_progress_counts_variants_and_trials(member_client):
     finish_trial(trials[0], "passed", input_tokens=1200, cost_usd=0.25)
     finish_trial(trials[1], "failed")
     finish_trial(trials[2], "error", error_category="agent_crash")
-    run.refresh_counts()
+    rollup.recount(run)
 
     response = member_client.get(_url("run_detail", run))
 
@@ -142,7 +143,7 @@ def test_it_keeps_the_run_page_query_count_flat(member_client, django_assert_max
     run = finish_run(launched_run())
     member_client.get(_url("run_detail", run))  # warm the session and user
 
-    # Session, user, run, counts, trials; the comparison's grouped trials, versions, variants.
+    # Session, user, run and the page's reads; none of them grows with the trials.
     with django_assert_max_num_queries(9):
         response = member_client.get(_url("run_detail", run))
 
@@ -227,7 +228,7 @@ def test_it_groups_errors_by_cause_with_counts_and_a_link_to_those_trials(member
             trial, "error", error_category="setup", error_message="codex needs the API key OPENAI_API_KEY"
         )
     finish_trial(trials[3], "error", error_category="grader", error_message="criterion 1 (run_command): boom")
-    run.refresh_counts()
+    rollup.recount(run)
 
     page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
     filtered = member_client.get(

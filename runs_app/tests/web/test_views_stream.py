@@ -4,6 +4,7 @@ from django.test import AsyncClient
 from django.urls import reverse
 
 from runs_app import live
+from runs_app.analysis import rollup
 from runs_app.models import Run
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 from runs_app.web import stream
@@ -50,7 +51,7 @@ def test_it_sends_updates_while_the_run_changes_and_stops_when_it_ends(member_cl
 
     first = [next(stream), next(stream)]  # the retry hint, then the state at connection time
     finish_trial(run.trials.order_by("pk").first(), "passed")
-    run.refresh_counts()
+    rollup.recount(run)
     second = next(stream)
     finish_run(run)
     rest = list(stream)
