@@ -51,6 +51,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20)
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="web processes and this script on CPU 0, the worker on CPU 1: two hosts on one machine",
+    )
+    parser.add_argument(
         "--think",
         type=float,
         default=1.0,
@@ -82,7 +87,7 @@ def prepare(folder: Path) -> dict:
     django.setup()
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
-    from django.db import transaction
+    from django.db import connection, transaction
 
     from experiments_app.definitions import import_experiment, import_tasks
     from runs_app.launching import LaunchOptions, launch_run
@@ -114,6 +119,10 @@ def prepare(folder: Path) -> dict:
         streamed = launch_run(experiment, options=LaunchOptions(repeats=100))
         Run.objects.filter(pk=streamed.pk).update(cancel_requested=True)
     work = launch_run(experiment, options=LaunchOptions(repeats=200))
+    with connection.cursor() as cursor:
+        # The planner's statistics, as autovacuum would have them on a database in use: without
+        # them it expects 20 trials per run and sorts a whole run for a page of the trial table.
+        cursor.execute("ANALYZE")
     return {"cookie": f"sessionid={session.session_key}", "work": work.pk, "streamed": streamed.pk}
 
 
@@ -141,7 +150,7 @@ def drive(run_id: int, stop: threading.Event, commits: dict[int, float]) -> None
         now = timezone.now()
         Trial.objects.filter(pk=trial_id).update(status="passed", started_at=now, finished_at=now, score=1.0)
         commits[passed] = time.time()
-        control.refresh_run(run_id)  # recounts in a transaction that publishes at commit
+        control.after_trial(run_id, [trial_id])  # as a worker does: recounts, publishes at commit
     connection.close()
 
 
@@ -216,12 +225,18 @@ async def load(args, port: int, setup: dict) -> tuple[list, list, list]:
     return results, arrivals, failures
 
 
-def sample_connections(admin, stop: threading.Event, peak: list[int]) -> None:
+def sample_connections(admin, stop: threading.Event, peak: list) -> None:
+    """The most connections to the scratch database seen at once, and who held them (each
+    process names itself with PGAPPNAME)."""
     while not stop.wait(0.25):
-        count = admin.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [DB_NAME]
-        ).fetchone()[0]
-        peak[0] = max(peak[0], count)
+        rows = admin.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
+            "GROUP BY application_name",
+            [DB_NAME],
+        ).fetchall()
+        count = sum(n for _, n in rows)
+        if count > peak[0]:
+            peak[0], peak[1] = count, dict(rows)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -240,7 +255,7 @@ def main() -> None:
         "EVALSITE_VAR_DIR": str(folder / "var"), "DJANGO_SETTINGS_MODULE": "evalsite.settings",
         "PYTHONUNBUFFERED": "1",
     }  # fmt: skip
-    os.environ.update(env)
+    os.environ.update({**env, "PGAPPNAME": "bench"})
     python = str(ROOT / ".venv" / "bin" / "python")
     subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     subprocess.run([python, "-m", "celery", "-A", "evalsite", "purge", "-f"], cwd=ROOT, env=env,
@@ -249,18 +264,24 @@ def main() -> None:
     port = free_port()
     processes = []
     try:
+        if args.pin:
+            os.sched_setaffinity(0, {0})
         worker = subprocess.Popen(
-            [python, "-m", "celery", "-A", "evalsite", "worker", "--concurrency=2", "--loglevel=WARNING"],
-            cwd=ROOT, env=env, stdout=(folder / "worker.log").open("w"), stderr=subprocess.STDOUT,
+            [*pinned(args, 1), python, "-m", "celery", "-A", "evalsite", "worker", "--concurrency=2",
+             "--loglevel=WARNING"],
+            cwd=ROOT, env={**env, "PGAPPNAME": "worker"}, stdout=(folder / "worker.log").open("w"),
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         processes.append(worker)
         time.sleep(3 + args.baseline)  # start-up, then the unloaded window ends now
         now = time.time()
         unloaded = finished_between(setup["work"], now - args.baseline + 3, now) / (args.baseline - 3)
         web = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "uvicorn"), "evalsite.asgi:application", "--port", str(port),
-             "--workers", str(args.web_workers), "--no-access-log", "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=(folder / "web.log").open("w"), stderr=subprocess.STDOUT,
+            [*pinned(args, 0), str(ROOT / ".venv" / "bin" / "uvicorn"), "evalsite.asgi:application",
+             "--port", str(port), "--workers", str(args.web_workers), "--no-access-log",
+             "--log-level", "warning"],
+            cwd=ROOT, env={**env, "PGAPPNAME": "web"}, stdout=(folder / "web.log").open("w"),
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         processes.append(web)
         for _ in range(100):
@@ -269,7 +290,7 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
-        stop, peak, commits = threading.Event(), [0], {}
+        stop, peak, commits = threading.Event(), [0, {}], {}
         sampler = threading.Thread(target=sample_connections, args=(admin, stop, peak), daemon=True)
         driver = threading.Thread(target=drive, args=(setup["streamed"], stop, commits), daemon=True)
         sampler.start()
@@ -283,8 +304,12 @@ def main() -> None:
         for process in reversed(processes):
             process.terminate()
             process.wait(timeout=30)
-    report(args, results, arrivals, failures, commits, peak[0], unloaded, loaded)
+    report(args, results, arrivals, failures, commits, peak, unloaded, loaded)
     admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+
+
+def pinned(args, cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if args.pin else []
 
 
 def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -> None:
@@ -300,7 +325,7 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     bound = args.web_workers * (pool + 1) + 4 + 2
     print(
         f"viewers {args.viewers} (think {args.think:g} s), live streams {args.sse}, {args.seconds:.0f} s, "
-        f"uvicorn x{args.web_workers}"
+        f"uvicorn x{args.web_workers}" + (", web on CPU 0 and the worker on CPU 1" if args.pin else "")
     )
     print(
         f"page loads      {len(results):6d}  errors {len(errors)}  "
@@ -310,9 +335,10 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
         f"stream events   {len(latencies):6d}  stream failures {len(failures)}  changes {len(commits)}  "
         f"latency p50 {percentile(latencies, 50):.0f} ms  p95 {percentile(latencies, 95):.0f} ms"
     )
+    held = ", ".join(f"{name or '?'} {n}" for name, n in sorted(peak[1].items()))
     print(
-        f"db connections  peak {peak}, bound {bound} ({args.web_workers} web processes x (pool {pool} "
-        "+ LISTEN) + worker 4 + this script 2)"
+        f"db connections  peak {peak[0]} ({held}), bound {bound} ({args.web_workers} web processes x "
+        f"(pool {pool} + LISTEN) + worker 4 + this script 2)"
     )
     by_path: dict[str, list[float]] = {}
     for path, _, ms in results:

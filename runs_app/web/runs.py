@@ -25,7 +25,7 @@ from runs_app.launching import LaunchError, launch_run, rerun_options
 from runs_app.models import Run, Trial, Worker, with_last_run
 from runs_app.web.presenters import attach_variant_counts, run_progress_numbers, variant_rows
 
-RUN_TRIAL_ROWS = 100
+RUN_TRIAL_ROWS = 50
 RUN_LIST_ROWS = 50
 TRIAL_ROW_FIELDS = (
     "run_id", "variant__slug", "variant__position", "task_version__task__slug", "replicate",
