@@ -91,6 +91,11 @@ sandbox:
 			echo "bubblewrap (bwrap) missing and cannot be installed here: install it to run trials"; \
 		fi; \
 	fi
+	@if ! command -v cc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -q gcc libc6-dev >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q gcc libc6-dev >/dev/null)) && echo "installed gcc"; \
+	fi
+	@mkdir -p .build && cc -O2 -Wall -o .build/evalsite-launch runs_app/engine/launcher/evalsite-launch.c
 
 migrate: install
 	$(PY) manage.py migrate --noinput

@@ -92,16 +92,14 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
         return _dispatch_locked(run, reserve)
 
 
-def _dispatch_locked(run: Run, reserve: bool, occupied: int | None = None) -> int | None:
-    """dispatch() for a run whose row the current transaction has locked. `occupied` (trials
-    running or sent) may come from a recount made in the same transaction."""
+def _dispatch_locked(run: Run, reserve: bool) -> int | None:
+    """dispatch() for a run whose row the current transaction has locked."""
     if run.cancel_requested or run.is_final or run.historical:
         return None
     current = Trial.objects.for_run(run).current()
-    if occupied is None:
-        occupied = current.filter(
-            Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
-        ).count()
+    occupied = current.filter(
+        Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
+    ).count()
     free = run.max_parallel - occupied
     if free <= 0:
         return None
@@ -133,15 +131,15 @@ def execute(trial_id: int, worker: str) -> str | None:
     if not runner.claim(trial_id, worker):
         return None
     _publish_trial(trial_id)
-    status, run_id = runner.run_claimed(trial_id, worker)
-    next_id = after_trial(run_id, [trial_id], reserve=True)
+    status, run_id = runner.run_claimed(trial_id, worker, rollup.add_finished)
+    next_id = after_trial(run_id, (), reserve=True)
     while next_id is not None:
         if not runner.claim(next_id, worker):
             release(next_id)
             break
         _publish_trial(next_id)
-        _, run_id = runner.run_claimed(next_id, worker)
-        next_id = after_trial(run_id, [next_id], reserve=time.monotonic() < chain_until)
+        _, run_id = runner.run_claimed(next_id, worker, rollup.add_finished)
+        next_id = after_trial(run_id, (), reserve=time.monotonic() < chain_until)
     return status
 
 
@@ -197,17 +195,20 @@ def _nothing_left(run: Run) -> bool:
     return not run.is_final and run.n_queued + run.n_running == 0 and run.n_trials > 0
 
 
-def after_trial(run_id: int, trial_ids: Sequence[int] = (), reserve: bool = False) -> int | None:
-    """Called when trials of the run reached a final state: recount (their units' tallies and
-    the run), then fill the freed slot or finish the run. Returns a reserved trial to run next
-    when `reserve` is asked (see dispatch)."""
+def after_trial(run_id: int, trial_ids: Sequence[int] | None = None, reserve: bool = False) -> int | None:
+    """Called when trials of the run reached a final state: fill the freed slots or finish the
+    run. A trial stored by the runner was counted as it was stored (`rollup.add_finished`);
+    `trial_ids` names trials changed otherwise (the reaper), whose units are regrouped and the
+    run recounted (None, the default: every unit; empty: nothing to recount). Returns a
+    reserved trial to run next when `reserve` is asked (see dispatch)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        sent = rollup.recount(run, trial_ids)
+        if trial_ids is None or trial_ids:
+            rollup.recount(run, trial_ids)
         _fail_fast(run)
         live.publish(run_id)
         if not _nothing_left(run):
-            return _dispatch_locked(run, reserve, occupied=run.n_running + sent)
+            return _dispatch_locked(run, reserve)
     finish_run(run_id)
     return None
 
@@ -227,7 +228,7 @@ def refresh_run(run_id: int) -> Run:
 def finish_run(run_id: int) -> Run:
     """Judge the suites and gates of a run with nothing pending (no lock held), then store them
     with the final status in one short locked write."""
-    run = _rolled_up(run_id)
+    run = Run.objects.get(pk=run_id)
     suite_results = evaluate_suites(run)
     gate_results = _judge_gates(run, suite_results)
     with transaction.atomic():
@@ -247,8 +248,7 @@ def finish_run(run_id: int) -> Run:
 
 
 def _rolled_up(run_id: int) -> Run:
-    """The run with every unit regrouped, before the gates read it: a worker that died between
-    storing a result and `after_trial` left that unit's tally behind."""
+    """The run with every unit regrouped from its trials, before the gates read it."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         rollup.recount(run)

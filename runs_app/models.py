@@ -227,8 +227,11 @@ class Trial(models.Model):
     class Meta:
         ordering = ["pk"]
         indexes = [
-            # Run page counts and dispatch: trials of a run by status.
-            models.Index(fields=["run", "status"], name="trial_run_status_idx"),
+            # Run page counts by status; dispatch: a run's queued trials not yet sent, breadth-
+            # first over replicates (LIMIT the free slots), and those sent but not yet claimed.
+            models.Index(
+                fields=["run", "status", "dispatched_at", "replicate", "id"], name="trial_run_dispatch_idx"
+            ),
             # Comparison and run-page aggregates per (run, variant, task), read from the index
             # alone: trial rows carry KBs of config, transcript and diff that SQLite would read.
             models.Index(

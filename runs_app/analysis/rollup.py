@@ -2,10 +2,14 @@
 UnitTally row, so the comparison, the gates and the reports read a row per unit, not a row per
 trial (a 100,000-trial run has a few thousand units).
 
-`recount(run, trial_ids)` is the one call after anything changes a run's trials: it regroups
-the units of those trials (all of the run's when None) from the trial table, replaces their
-tally rows and recounts the run. Callers hold the run's row lock, or are the only writer (a
-launch, an import), so two regroupings of one unit never interleave.
+Two ways keep them current, both under the run's row lock (or as the only writer: a launch,
+an import), so two writers of one tally never interleave:
+- `add_finished(run, trial, criteria)`: a running trial just got its outcome. Its values are
+  added to its unit's tally and to the run's counts, in the transaction that stores the
+  outcome: exactly once, and in time O(1) whatever the size of the run.
+- `recount(run, trial_ids)`: after anything else changes a run's trials (cancel, retry, resume,
+  the reaper, `evaluate`, a launch): the units of those trials (all of the run's when None)
+  are regrouped from the trial table and the run recounted.
 """
 
 from __future__ import annotations
@@ -31,6 +35,56 @@ def recount(run: Run, trial_ids: Iterable[int] | None = None) -> int:
     with transaction.atomic():
         store(run, trial_ids)
         return run.refresh_counts()
+
+
+def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) -> None:
+    """Count a trial that went from running to its final state: its unit's tally and the run's
+    counts. The caller stored the outcome in this transaction and holds the run's row lock."""
+    if not run.tallied:
+        return  # rolled up whole when first read (see ensure)
+    unit = {"run_id": run.pk, **{field: getattr(trial, field) for field in UNIT_FIELDS}}
+    tally = UnitTally.objects.filter(**unit).first()
+    if tally is None:
+        store(run, [trial.pk])
+    else:
+        _add(tally, trial, criteria)
+    _count_finished(run, trial.status)
+
+
+def _add(tally: UnitTally, trial: Trial, criteria: Sequence[CriterionResult]) -> None:
+    """The trial's share of `grouped_trials` and `grouped_criteria` (same rules, one trial)."""
+    status = trial.status
+    tally.passed += status == Trial.Status.PASSED
+    tally.failed += status == Trial.Status.FAILED
+    tally.errors += status == Trial.Status.ERROR
+    tally.agent_errors += status == Trial.Status.ERROR and trial.error_category in AGENT_ERROR_CATEGORIES
+    tally.cancelled += status == Trial.Status.CANCELLED
+    tally.tokens += (
+        trial.input_tokens + trial.output_tokens + trial.cache_read_tokens + trial.cache_creation_tokens
+    )
+    tally.cost += trial.cost_usd or 0.0
+    if status in (Trial.Status.PASSED, Trial.Status.FAILED):
+        if trial.score is not None:
+            tally.score_sum, tally.score_n = tally.score_sum + trial.score, tally.score_n + 1
+        if trial.duration_seconds is not None:
+            tally.duration_sum += trial.duration_seconds
+            tally.duration_n += 1
+        counts = dict(tally.criteria)
+        for result in criteria:
+            name = f"#{result.index + 1} {result.type}"
+            passes, n = counts.get(name, (0, 0))
+            counts[name] = [passes + bool(result.passed), n + 1]
+        tally.criteria = counts
+    tally.save()
+
+
+def _count_finished(run: Run, status: str) -> None:
+    """The run's counts after one running trial ended: its outcome counted, and the running and
+    queued ones counted again (a few rows of the index: at most the run's slots run at once)."""
+    setattr(run, f"n_{status}", getattr(run, f"n_{status}") + 1)
+    run.n_running = Trial.objects.for_run(run).current().filter(status=Trial.Status.RUNNING).count()
+    run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
+    run.save(update_fields=[f"n_{status}", "n_running", "n_queued"])
 
 
 def ensure(runs: Sequence[Run]) -> None:

@@ -181,6 +181,10 @@ def kill_uid_processes(uid: int) -> int:
 _CLEAN = b"clean"
 _UID_LOCK = threading.Lock()
 _LEASES: dict[int, int] = {}  # uid -> fd of its lock file, held while the trial lives
+# Leased uids a process may still run as: a command of theirs ran outside a pids cgroup (a
+# process cannot leave one: moving needs write access to another cgroup's files). Only these
+# are swept by a scan of /proc when released; the others were emptied with their cgroups.
+_UNSWEPT: set[int] = set()
 
 
 def _uid_range() -> range:
@@ -248,12 +252,15 @@ def lease_sandbox_uid() -> int:
 
 
 def release_sandbox_uid(uid: int) -> None:
-    """Kill what still runs as `uid`, then give the uid back. A uid not leased here is ignored."""
+    """Kill what may still run as `uid`, then give the uid back. A uid not leased here is ignored."""
     with _UID_LOCK:
         fd = _LEASES.get(uid)
     if fd is None:
         return
-    _, gone = _sweep(lambda: _pids_of_uid(uid))
+    with _UID_LOCK:
+        unswept = uid in _UNSWEPT
+        _UNSWEPT.discard(uid)
+    gone = _sweep(lambda: _pids_of_uid(uid))[1] if unswept else True
     if gone:
         os.pwrite(fd, _CLEAN, 0)
     with _UID_LOCK:
@@ -454,16 +461,16 @@ class Cgroup:
             return int(dict(line.split() for line in oom).get("oom_kill", 0)) > 0
         return False
 
-    def destroy(self) -> int:
-        """Kill every member, then remove the folders; the number of processes killed."""
+    def destroy(self) -> tuple[int, bool]:
+        """Kill every member, then remove the folders: (processes killed, whether none is left)."""
         kill_file = self.path / "cgroup.kill"  # cgroup v2 >= 5.14: atomic, beats fork races
         if kill_file.exists():
             with contextlib.suppress(OSError):
                 kill_file.write_text("1")
-        killed = _kill_until_gone(self.members)
+        killed, gone = _sweep(self.members)
         for folder in [self.path] + ([self.memory] if self.memory not in (None, self.path) else []):
             _remove_cgroup_folder(folder)
-        return killed
+        return killed, gone
 
 
 def _remove_cgroup_folder(folder: Path) -> None:
@@ -486,9 +493,12 @@ def _remove_cgroup_folder(folder: Path) -> None:
 class Containment:
     """Everything needed to find and kill the processes one call started."""
 
-    def __init__(self, cgroup: Cgroup | None, exclusive_uid: int | None, token: str) -> None:
+    def __init__(
+        self, cgroup: Cgroup | None, exclusive_uid: int | None, token: str, leased_uid: int | None = None
+    ) -> None:
         self.cgroup = cgroup
         self.exclusive_uid = exclusive_uid
+        self.leased_uid = leased_uid  # the trial's own uid, when the command runs as one
         self.token = token.encode()
         self.leader: int | None = None
 
@@ -522,4 +532,10 @@ class Containment:
         return self.cgroup is not None and self.cgroup.memory_exhausted()
 
     def close(self) -> int:
-        return self.cgroup.destroy() if self.cgroup is not None else 0
+        """Kill what the call left in its cgroup. A leased uid whose command ran without one, or
+        whose cgroup could not be emptied, is swept by uid when released (see `_UNSWEPT`)."""
+        killed, gone = self.cgroup.destroy() if self.cgroup is not None else (0, False)
+        if not gone and self.leased_uid is not None:
+            with _UID_LOCK:
+                _UNSWEPT.add(self.leased_uid)
+        return killed

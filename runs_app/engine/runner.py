@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -31,6 +32,8 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import F, Subquery
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from experiments_app.models import Bundle
@@ -101,22 +104,36 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+OnStored = Callable[[Run, Trial, list[CriterionResult]], None]
+
+
 def claim(trial_id: int, worker: str) -> bool:
+    """Take a queued trial (a conditional UPDATE: no row means another worker has it) and count
+    it as running on its run. The run's row is updated after the trial's, by a relative UPDATE:
+    a recount holding the run's lock meanwhile either saw this trial running or is followed
+    by the +1."""
     now = timezone.now()
-    claimed = Trial.objects.filter(
-        pk=trial_id, status=Trial.Status.QUEUED, run__cancel_requested=False
-    ).update(
-        status=Trial.Status.RUNNING,
-        lease_owner=worker,
-        lease_expires_at=now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS),
-        started_at=now,
-    )
+    with transaction.atomic():
+        claimed = Trial.objects.filter(
+            pk=trial_id, status=Trial.Status.QUEUED, run__cancel_requested=False
+        ).update(
+            status=Trial.Status.RUNNING,
+            lease_owner=worker,
+            lease_expires_at=now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS),
+            started_at=now,
+        )
+        if claimed == 1:
+            Run.objects.filter(pk=Subquery(Trial.objects.filter(pk=trial_id).values("run_id")[:1])).update(
+                n_running=F("n_running") + 1, n_queued=Greatest(F("n_queued") - 1, 0)
+            )
     return claimed == 1
 
 
-def run_claimed(trial_id: int, worker: str) -> tuple[str | None, int]:
+def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -> tuple[str | None, int]:
     """Run a trial this worker has claimed to its final state. Returns the stored status (None
-    when the lease was lost before saving: another attempt owns the trial) and the run's id."""
+    when the lease was lost before saving: another attempt owns the trial) and the run's id.
+    `on_stored(run, trial, criteria)` runs in the transaction that stores the outcome, with
+    the run's row locked (the caller counts the outcome there: exactly once)."""
     trial = Trial.objects.select_related("run", "variant", "task_version__bundle", "task_version__task").get(
         pk=trial_id
     )
@@ -130,7 +147,7 @@ def run_claimed(trial_id: int, worker: str) -> tuple[str | None, int]:
         outcome = Outcome(Trial.Status.ERROR, "harness", f"{type(exc).__name__}: {exc}")
     finally:
         execution.stop_heartbeat()
-    stored = execution.persist(outcome)
+    stored = execution.persist(outcome, on_stored)
     return (outcome.status if stored else None), trial.run_id
 
 
@@ -858,7 +875,7 @@ class TrialExecution:
             self.heartbeat.join(timeout=5)
         self.cleanup()
 
-    def persist(self, outcome: Outcome) -> bool:
+    def persist(self, outcome: Outcome, on_stored: OnStored | None = None) -> bool:
         """Write the trial's outcome in one transaction, only while it is still ours."""
         close_old_connections()
         usage = outcome.usage
@@ -892,6 +909,9 @@ class TrialExecution:
             "artifact": outcome.artifact,
         }
         with transaction.atomic():
+            # The run's row first: what counts the outcome (on_stored) must not interleave with
+            # a recount (cancel, resume...), which holds this lock too.
+            run = Run.objects.select_for_update().get(pk=self.trial.run_id)
             stored = Trial.objects.filter(
                 pk=self.trial.pk, status=Trial.Status.RUNNING, lease_owner=self.worker
             ).update(**fields)
@@ -900,9 +920,12 @@ class TrialExecution:
                 return False
             self.recorder.flush()  # the last events land with the outcome, or not at all
             live.publish(self.trial.run_id, self.trial.pk)
-            CriterionResult.objects.bulk_create(
-                criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
-            )
+            rows = criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
+            CriterionResult.objects.bulk_create(rows)
+            if on_stored is not None:
+                for name, value in fields.items():
+                    setattr(self.trial, name, value)
+                on_stored(run, self.trial, rows)
         if self.recorder.dropped:
             logger.info(
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped

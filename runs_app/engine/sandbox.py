@@ -16,14 +16,15 @@ Pure Python, Linux only, no Django.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import resource
 import secrets as secrets_module
 import selectors
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,8 +83,6 @@ DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = (
 )
 SANDBOX_ID_VAR = "EVALSITE_SANDBOX_ID"
 _READ_CHUNK = 1 << 16
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -261,25 +260,47 @@ def _nproc_limit(limits: Limits, identity: tuple[int, int] | None) -> int | None
     return tasks_of_uid(uid) + limits.max_processes
 
 
-def _make_preexec(
+def _launch_options(
     identity: tuple[int, int] | None, caps: list[tuple[int, int, int]], cgroup_fds: list[int]
-) -> Callable[[], None]:
-    """Runs in the child between fork and exec: no imports, no locks, only system calls."""
-    setrlimit, prctl = resource.setrlimit, _LIBC.prctl
+) -> list[str]:
+    """The launcher's options for what the child does before exec: join the cgroups (while still
+    root), take the sandbox identity, die with the worker, set the limits."""
+    options = [arg for fd in cgroup_fds for arg in ("-c", str(fd))]
+    if identity is not None:
+        options += ["-g", str(identity[1]), "-u", str(identity[0])]
+    for which, soft, hard in caps:
+        values = (str(v) if v != resource.RLIM_INFINITY else "inf" for v in (which, soft, hard))
+        options += ["-r", ":".join(values)]
+    return options
 
-    def preexec() -> None:
-        for fd in cgroup_fds:
-            os.write(fd, b"0")  # "0" = the writing process; must happen while still root
-        if identity is not None:
-            os.setgroups([])
-            os.setresgid(identity[1], identity[1], identity[1])
-            os.setresuid(identity[0], identity[0], identity[0])
-        # If the worker dies (SIGKILL), the kernel kills the command instead of orphaning it.
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        for which, soft, hard in caps:
-            setrlimit(which, (soft, hard))
 
-    return preexec
+_LAUNCHER_SOURCE = Path(__file__).with_name("launcher") / "evalsite-launch.c"
+LAUNCHER = Path(
+    os.environ.get("EVALSITE_LAUNCHER") or Path(__file__).resolve().parents[2] / ".build" / "evalsite-launch"
+)
+_LAUNCHER_LOCK = threading.Lock()
+
+
+def launcher() -> Path:
+    """The sandbox launcher (`launcher/evalsite-launch.c`), built with the system's C compiler
+    when missing or older than its source (`make sandbox` builds it too)."""
+    with _LAUNCHER_LOCK:
+        if LAUNCHER.exists() and (
+            not _LAUNCHER_SOURCE.exists() or LAUNCHER.stat().st_mtime >= _LAUNCHER_SOURCE.stat().st_mtime
+        ):
+            return LAUNCHER
+        compiler = shutil.which(os.environ.get("CC", "cc"))
+        if compiler is None:
+            raise SandboxError(f"no C compiler to build {LAUNCHER}: install gcc, or run `make sandbox`")
+        LAUNCHER.parent.mkdir(parents=True, exist_ok=True)
+        partial = LAUNCHER.with_name(f".{LAUNCHER.name}.{os.getpid()}")
+        built = subprocess.run(
+            [compiler, "-O2", "-o", str(partial), str(_LAUNCHER_SOURCE)], capture_output=True, text=True
+        )
+        if built.returncode != 0:
+            raise SandboxError(f"building {LAUNCHER} failed: {built.stderr.strip()[-500:]}")
+        os.replace(partial, LAUNCHER)
+        return LAUNCHER
 
 
 def run_process(
@@ -329,7 +350,8 @@ def run_process(
         if cgroup is None and use_cgroup:
             raise SandboxError("use_cgroup=True but this worker cannot create a pids cgroup")
     token = secrets_module.token_hex(8)
-    containment = Containment(cgroup, identity[0] if exclusive and cgroup is None else None, token)
+    leased = identity[0] if exclusive else None
+    containment = Containment(cgroup, leased if cgroup is None else None, token, leased)
     cgroup_fds: list[int] = []
     try:
         cgroup_fds = cgroup.open_procs() if cgroup is not None else []
@@ -337,17 +359,18 @@ def run_process(
         # A pids cgroup caps the tree exactly; RLIMIT_NPROC (a /proc scan per call) only without one.
         nproc = _nproc_limit(limits, identity) if cgroup is None else None
         caps = _rlimits(limits, nproc, memory_fallback)
-        preexec = _make_preexec(identity, caps, cgroup_fds)
+        # No preexec_fn: the launcher does that setup, so Python starts the child with vfork.
+        argv_launched = [str(launcher()), *_launch_options(identity, caps, cgroup_fds), "--", *args]
         started = time.monotonic()
         proc = subprocess.Popen(
-            args,
+            argv_launched,
             cwd=cwd,
             env={**env, SANDBOX_ID_VAR: token},
             stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=preexec,
+            pass_fds=cgroup_fds,
         )
     except BaseException:
         containment.close()

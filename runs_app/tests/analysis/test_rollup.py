@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from runs_app import control
-from runs_app.analysis import load
+from runs_app.analysis import load, rollup
 from runs_app.engine import runner
 from runs_app.launching import launch_run
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
@@ -43,16 +43,34 @@ def test_a_launch_tallies_every_unit_as_pending(run):
     assert sum(UnitTally.objects.filter(run=run).values_list("total", flat=True)) == run.n_trials == 6
 
 
-def test_each_finishing_trial_updates_its_unit_while_the_run_is_in_progress(run):
-    first, second, *rest = Trial.objects.filter(run=run).order_by("pk")
-    _finish(first, Trial.Status.PASSED, True)
-    control.after_trial(run.pk, [first.pk])
+def _store_as_the_runner_does(trial: Trial, status: str, passed: bool) -> None:
+    """Claim, then store the outcome and count it in one transaction, as `runner.persist` does."""
+    from django.db import transaction
+
+    assert runner.claim(trial.pk, "w")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=trial.run_id)
+        _finish(trial, status, passed)
+        trial.refresh_from_db()
+        rollup.add_finished(locked, trial, list(trial.criterion_results.all()))
+
+
+def test_each_stored_outcome_is_counted_once_while_the_run_is_in_progress(run):
+    first, second, third, *rest = Trial.objects.filter(run=run).order_by("pk")
+    assert runner.claim(third.pk, "w")
+    assert Run.objects.get(pk=run.pk).n_running == 1
+    _store_as_the_runner_does(first, Trial.Status.PASSED, True)
     assert_tallies_match(run)
-    _finish(second, Trial.Status.FAILED, False)
-    control.after_trial(run.pk, [second.pk])
+    _store_as_the_runner_does(second, Trial.Status.FAILED, False)
     assert_tallies_match(run)
+    stored = Run.objects.get(pk=run.pk)
+    counts = {name: getattr(stored, f"n_{name}") for name in Trial.Status.values}
+    rollup.recount(stored)  # what a full recount finds: the same counts
+    assert counts == {name: getattr(stored, f"n_{name}") for name in Trial.Status.values}
+    assert counts["running"] == 1 and counts["passed"] == 1 and counts["failed"] == 1
     arms = load.compare_runs([run]).arms
     assert sum(arm.passed for arm in arms) == 1 and sum(arm.failed for arm in arms) == 1
+    control.after_trial(run.pk, ())
     assert Run.objects.get(pk=run.pk).status != Run.Status.FINISHED
 
 
@@ -65,8 +83,8 @@ def test_the_reaper_cancel_retry_and_resume_keep_the_tallies_current(
     Trial.objects.filter(pk=trials[0].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
     control.reap_expired_leases()  # the last allowed attempt: error
     assert_tallies_match(run)
-    _finish(trials[1], Trial.Status.PASSED, True)
-    control.after_trial(run.pk, [trials[1].pk])
+    _store_as_the_runner_does(trials[1], Trial.Status.PASSED, True)
+    control.after_trial(run.pk, ())
 
     with django_capture_on_commit_callbacks():
         control.cancel_run(run, control.COMMAND_LINE)

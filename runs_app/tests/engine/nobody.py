@@ -5,6 +5,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from runs_app.engine.sandbox import launcher
+
 NOBODY = 65534
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 PY = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
@@ -18,6 +20,8 @@ def nobody_worker(folder: Path, code: str, **env: str) -> subprocess.CompletedPr
     for name in ("__init__.py", "sandbox.py", "bubblewrap.py", "containment.py", "workspace.py"):
         shutil.copy(ENGINE / name, package / name)
     (package.parent / "__init__.py").write_text("")
+    (folder / "lib" / ".build").mkdir()
+    shutil.copy(launcher(), folder / "lib" / ".build" / "evalsite-launch")
     for path in [folder, *folder.rglob("*")]:
         os.chown(path, NOBODY, NOBODY)
     prelude = f"import json, sys; sys.path.insert(0, {str(folder / 'lib')!r}); from pathlib import Path; "

@@ -109,7 +109,11 @@ def test_it_cleans_up_read_only_files_and_kills_what_still_runs(base):
         limits=limits,
     )
     straggler = None
-    if IS_ROOT:  # a process of the trial's uid started outside run_process (say, by a crash)
+    if IS_ROOT:
+        # A command run outside a pids cgroup leaves the uid to be swept when released (a
+        # process in one cannot leave it, and is killed with it); and a process of the uid
+        # started outside run_process stands for whatever such a command left behind.
+        sandbox.run_process("true", cwd=paths.workspace, env=env, limits=limits, use_cgroup=False)
         straggler = subprocess.Popen(["sleep", "30"], user=paths.uid, group=paths.uid, cwd="/")
 
     cleanup(paths.root)
