@@ -112,7 +112,7 @@ run: demo agents sandbox
 	@SITE_URL=$${SITE_URL:-http://$(HOST):$(PORT)} scripts/run_dev.sh $(HOST) $(PORT)
 
 worker: install sandbox
-	$(PY) -m celery -A evalsite worker --loglevel=INFO --concurrency=2
+	$(PY) -m celery -A evalsite worker --loglevel=INFO $(if $(WORKER_SLOTS),,--concurrency=2)
 
 test: install-dev agents browser sandbox
 	$(PY) -m ruff check .

@@ -175,15 +175,23 @@ TEMPLATES = [
 WSGI_APPLICATION = "evalsite.wsgi.application"
 ASGI_APPLICATION = "evalsite.asgi.application"
 
+# Trials one worker process runs at once. 0 (the default): Celery's prefork pool, a process per
+# trial (`--concurrency`). N > 0: one process supervises N trials in threads (Celery's thread pool
+# of N): a trial waiting on its agent costs a thread and its agent's processes, not a ~75 MB
+# Python process. Its threads share the process's database pool (DATABASE_POOL_MAX_SIZE on
+# PostgreSQL) and give their connection back while they wait.
+WORKER_SLOTS = env_int("WORKER_SLOTS", 0, minimum=0)
+
 DATABASE_URL = env_str("DATABASE_URL")
-# The ASGI web process's connections to PostgreSQL: a psycopg pool of at most this many (0: no
-# pool, one persistent connection per thread as under WSGI and in workers). Under ASGI each request
-# runs in its own short-lived thread, so persistent connections would pile up; streams give theirs
-# back between checks. Size it against the server's max_connections with the workers' (one each).
+# The ASGI web process's connections to PostgreSQL, and a WORKER_SLOTS worker's: a psycopg pool of
+# at most this many (0: no pool, one persistent connection per thread as under WSGI and in prefork
+# workers). Under ASGI each request runs in its own short-lived thread, so persistent connections
+# would pile up; streams give theirs back between checks. Size it against the server's
+# max_connections with the workers' (one per prefork process, a pool per WORKER_SLOTS process).
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=0)
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
-    if os.environ.get("EVALSITE_ASGI") == "1" and DATABASE_POOL_MAX_SIZE:
+    if (os.environ.get("EVALSITE_ASGI") == "1" or WORKER_SLOTS) and DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
         DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": 1,
@@ -195,6 +203,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": Path(env_str("SQLITE_PATH", str(VAR_DIR / "evalsite.sqlite3"))),
+            # Kept open (a file, no server slot to give back): reopening it per task, with its
+            # pragmas, cost a worker ~2 ms a trial.
+            "CONN_MAX_AGE": None,
             # IMMEDIATE takes the write lock at BEGIN, so the web process and
             # worker threads queue on `timeout` instead of failing with
             # "database is locked" when a read transaction tries to upgrade.
@@ -317,6 +328,9 @@ else:
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+if WORKER_SLOTS:
+    CELERY_WORKER_POOL = "threads"
+    CELERY_WORKER_CONCURRENCY = WORKER_SLOTS
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -6,7 +6,8 @@ engine never reaches back into run control.
 
 1. Claim with a conditional UPDATE (queued -> running, with a lease); no row means another
    worker has it, or it already ended (a redelivered message): do nothing.
-2. A heartbeat thread renews the lease and watches the run's cancel flag twice a second.
+2. The process's lease keeper (one thread for all its trials) renews the lease and watches
+   the run's cancel flag twice a second.
 3. Setup: unpack the task (and experiment) bundles, apply template sources, run pre_run.
 4. Agent: prepare, run under process control; every stdout line is parsed live into events
    and usage, and a crossed budget or a fatal stream error stops it at once.
@@ -218,45 +219,38 @@ class Recorder:
             self.buffer = []
             if self.run_id is not None:  # the trial page streams its transcript
                 live.publish(self.run_id, self.trial_id)
+            release_connection()
         self.last_flush = time.monotonic()
 
 
-class Heartbeat(threading.Thread):
-    """Renews the trial's lease and polls the run's cancel flag while the trial executes."""
+def release_connection() -> None:
+    """Give this thread's database connection back before a wait (a command, an agent's next
+    line) when the worker runs many trials in threads (WORKER_SLOTS): their connections come
+    from a small pool, and a trial waiting on its agent must not hold one. A prefork worker
+    keeps its one connection: reconnecting per command would cost more than it saves; so does
+    SQLite's, which is a file, not a server's slot."""
+    if (
+        settings.WORKER_SLOTS
+        and "pool" in connection.settings_dict["OPTIONS"]
+        and not connection.in_atomic_block
+    ):
+        connection.close()
+
+
+class Heartbeat:
+    """One trial's view of its process's lease keeper: whether its run was cancelled or its
+    lease lost (reaped while we looked dead, or finished elsewhere)."""
 
     def __init__(self, trial: Trial, worker: str):
-        super().__init__(daemon=True, name=f"heartbeat-{trial.pk}")
         self.trial_id, self.run_id, self.worker = trial.pk, trial.run_id, worker
         self.cancelled = threading.Event()
         self.lease_lost = threading.Event()
-        self.stopping = threading.Event()
 
-    def run(self) -> None:
-        renew_every = settings.TRIAL_LEASE_SECONDS / 3
-        next_renewal = time.monotonic() + renew_every
-        try:
-            while not self.stopping.wait(0.5):
-                try:
-                    if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
-                        self.cancelled.set()
-                    if time.monotonic() >= next_renewal:
-                        self._renew()
-                        next_renewal = time.monotonic() + renew_every
-                except DatabaseError:
-                    # A busy or restarting database must not end the heartbeat: the next
-                    # tick tries again, well before the lease runs out.
-                    logger.warning("trial %s: heartbeat could not reach the database", self.trial_id)
-                    close_old_connections()
-        finally:
-            connection.close()
+    def start(self) -> None:
+        LeaseKeeper.shared().add(self)
 
-    def _renew(self) -> None:
-        expires = timezone.now() + timedelta(seconds=settings.TRIAL_LEASE_SECONDS)
-        renewed = Trial.objects.filter(
-            pk=self.trial_id, status=Trial.Status.RUNNING, lease_owner=self.worker
-        ).update(lease_expires_at=expires)
-        if not renewed:
-            self.lease_lost.set()  # reaped (we looked dead) or finished elsewhere: stop working
+    def stop(self) -> None:
+        LeaseKeeper.shared().remove(self)
 
     def stop_reason(self) -> str | None:
         if self.lease_lost.is_set():
@@ -264,6 +258,82 @@ class Heartbeat(threading.Thread):
         if self.cancelled.is_set():
             return "cancelled"
         return None
+
+
+class LeaseKeeper(threading.Thread):
+    """One thread per worker process for all the trials it runs, however many run at once:
+    twice a second one query reads which of their runs were cancelled, and every third of the
+    lease one UPDATE renews their leases (a trial's own heartbeat thread would cost a thread
+    and two queries a second per trial in flight)."""
+
+    _instance: "LeaseKeeper | None" = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="lease-keeper")
+        self.beats: set[Heartbeat] = set()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.pid = os.getpid()
+
+    @classmethod
+    def shared(cls) -> "LeaseKeeper":
+        with cls._instance_lock:
+            # A forked pool process inherits the object but not the thread: start its own.
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+                cls._instance.start()
+            return cls._instance
+
+    def add(self, beat: Heartbeat) -> None:
+        with self.lock:
+            self.beats.add(beat)
+
+    def remove(self, beat: Heartbeat) -> None:
+        with self.lock:
+            self.beats.discard(beat)
+
+    def run(self) -> None:
+        renew_every = settings.TRIAL_LEASE_SECONDS / 3
+        next_renewal = time.monotonic() + renew_every
+        while not self.stopping.wait(0.5):
+            with self.lock:
+                beats = list(self.beats)
+            if not beats:
+                connection.close()  # idle: hold no connection
+                continue
+            try:
+                self._check_cancelled(beats)
+                if time.monotonic() >= next_renewal:
+                    self._renew(beats)
+                    next_renewal = time.monotonic() + renew_every
+            except DatabaseError:
+                # A busy or restarting database must not end the heartbeat: the next
+                # tick tries again, well before the leases run out.
+                logger.warning("lease keeper: could not reach the database for %d trials", len(beats))
+                close_old_connections()
+
+    def _check_cancelled(self, beats: list[Heartbeat]) -> None:
+        runs = {beat.run_id for beat in beats}
+        cancelled = set(Run.objects.filter(pk__in=runs, cancel_requested=True).values_list("pk", flat=True))
+        for beat in beats:
+            if beat.run_id in cancelled:
+                beat.cancelled.set()
+
+    def _renew(self, beats: list[Heartbeat]) -> None:
+        expires = timezone.now() + timedelta(seconds=settings.TRIAL_LEASE_SECONDS)
+        by_worker: dict[str, list[Heartbeat]] = {}
+        for beat in beats:
+            by_worker.setdefault(beat.worker, []).append(beat)
+        for worker, group in by_worker.items():
+            ids = [beat.trial_id for beat in group]
+            held = Trial.objects.filter(pk__in=ids, status=Trial.Status.RUNNING, lease_owner=worker)
+            if held.update(lease_expires_at=expires) == len(ids):
+                continue
+            still = set(held.values_list("pk", flat=True))
+            for beat in group:
+                if beat.trial_id not in still:
+                    beat.lease_lost.set()  # reaped, or finished elsewhere: stop working
 
 
 class TrialExecution:
@@ -767,6 +837,7 @@ class TrialExecution:
                 os.chown(via.socket_path, self.paths.uid, self.paths.uid)
             extra = {**via.sandbox_env(), **extra}
         options.setdefault("should_stop", self.heartbeat.stop_reason)
+        release_connection()
         return sandbox.run_process(
             argv,
             cwd=self.paths.workspace,
@@ -870,9 +941,7 @@ class TrialExecution:
         self.root = None
 
     def stop_heartbeat(self) -> None:
-        self.heartbeat.stopping.set()
-        if self.heartbeat.is_alive():
-            self.heartbeat.join(timeout=5)
+        self.heartbeat.stop()
         self.cleanup()
 
     def persist(self, outcome: Outcome, on_stored: OnStored | None = None) -> bool:

@@ -67,10 +67,14 @@ def test_the_reaper_ends_a_cancelled_runs_orphaned_trial_and_the_run(run):
 
 
 @pytest.mark.django_db(transaction=True)  # its thread opens its own connection
-def test_the_heartbeat_survives_a_database_error(run, settings):
-    settings.TRIAL_LEASE_SECONDS = 3
-    trial = Trial.objects.filter(run=run).first()
-    heartbeat = runner.Heartbeat(trial, "w")
+def test_the_lease_keeper_survives_a_database_error_and_renews_every_lease(run, settings):
+    settings.TRIAL_LEASE_SECONDS = 1.5
+    trials = list(Trial.objects.filter(run=run)[:3])
+    keeper = runner.LeaseKeeper()
+    for trial in trials:
+        assert runner.claim(trial.pk, "w")
+        keeper.add(runner.Heartbeat(trial, "w"))
+    Trial.objects.filter(pk=trials[2].pk).update(lease_owner="someone-else")  # reaped, taken
     calls = {"n": 0}
     real_filter = Run.objects.filter
 
@@ -80,16 +84,21 @@ def test_the_heartbeat_survives_a_database_error(run, settings):
             raise OperationalError("database is locked")
         return real_filter(*args, **kwargs)
 
+    before = timezone.now()
     with mock.patch.object(Run.objects, "filter", side_effect=flaky_filter):
-        heartbeat.start()
+        keeper.start()
         try:
             deadline = timezone.now() + timedelta(seconds=5)
             while calls["n"] < 3 and timezone.now() < deadline:
-                heartbeat.join(0.1)
-            assert heartbeat.is_alive() and calls["n"] >= 3
+                keeper.join(0.1)
+            assert keeper.is_alive() and calls["n"] >= 3
         finally:
-            heartbeat.stopping.set()
-            heartbeat.join(5)
+            keeper.stopping.set()
+            keeper.join(5)
+    leases = dict(Trial.objects.filter(pk__in=[t.pk for t in trials]).values_list("pk", "lease_expires_at"))
+    assert all(leases[t.pk] > before + timedelta(seconds=1.4) for t in trials[:2])
+    lost = [beat.trial_id for beat in keeper.beats if beat.stop_reason() == "lease_lost"]
+    assert lost == [trials[2].pk]
 
 
 def test_a_launch_refuses_more_trials_than_the_cap(run, settings):

@@ -147,6 +147,55 @@ def test_a_killed_worker_loses_no_trial_and_finishes_each_exactly_once(tmp_path)
     assert_tallies_match(run)
 
 
+def _python_children(pid: int) -> list[int]:
+    """Python processes whose parent is `pid` (a prefork pool's children)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"python" in cmdline.split(b"\0")[0]:
+            found.append(int(name))
+    return found
+
+
+def test_one_process_runs_a_trial_per_slot_and_a_kill_mid_run_loses_and_repeats_none(tmp_path):
+    experiment = small_suite(tmp_path, 4, "sleep 2 && echo done > out.txt", parallel=16, repeats=4)
+    slots = {"WORKER_SLOTS": "16", "TRIAL_LEASE_SECONDS": "3", "REAPER_INTERVAL_SECONDS": "1",
+             "REDISPATCH_AFTER_SECONDS": "3"}  # fmt: skip
+    first = WorkerProcess(tmp_path, concurrency=16, extra_env=slots).start()
+    run = launch_run(experiment)
+    wait_for(
+        lambda: Trial.objects.filter(run=run, status="running").count() >= 12,
+        timeout=60,
+        message=lambda: f"12 trials in flight at once; log:\n{first.log()[-3000:]}",
+    )
+    assert _python_children(first.proc.pid) == []  # threads of one process, not a process each
+    first.kill(signal.SIGKILL)
+    second = WorkerProcess(tmp_path, concurrency=16, extra_env=slots, beat=True).start()
+    try:
+        wait_for_run(run, timeout=120, worker=second)
+    finally:
+        second.kill()
+
+    trials = Trial.objects.filter(run=run)
+    assert trials.count() == 16 and set(trials.values_list("status", flat=True)) == {"passed"}
+    assert trials.filter(attempt__gt=1).exists()
+    finished = (
+        TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="finished")
+        .values("trial")
+        .annotate(n=Count("pk"))
+    )
+    assert sorted(row["n"] for row in finished) == [1] * 16
+    run.refresh_from_db()
+    assert (run.n_passed, run.n_running, run.n_queued) == (16, 0, 0)
+    assert_tallies_match(run)
+
+
 def _processes_with(marker: str) -> list[int]:
     found = []
     for pid in os.listdir("/proc"):

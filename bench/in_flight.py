@@ -1,0 +1,168 @@
+"""Agents in flight per worker host: trials whose agent is `sleep 1`, run by worker processes that
+supervise many trials each in threads (WORKER_SLOTS).
+
+Usage: .venv/bin/python bench/in_flight.py [SLOTS ...] [--processes P] [--rounds R]
+       (default: 64 128 256, one process, 4 rounds: SLOTS x R trials)
+Embedded default (scratch SQLite + filesystem broker) unless DATABASE_URL / CELERY_BROKER_URL
+are set (then they must point at scratch services). Prints, per setting:
+- throughput: trials finished per second between the first and the last quarter of the run,
+  against the ideal (every slot busy with a 1 s agent: P x SLOTS per second);
+- the peak RSS of the worker processes (the harness), and of everything in their process
+  groups (the harness plus the agents' bwrap, sh and sleep).
+Targets (issue 13): 256 in flight on one host at >= 90% of ideal and <= 1.5 GB worker RSS;
+512 on two worker processes.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TASK = """task_id: sleepy
+initial_prompt: wait
+sandbox: {python: null}
+success_criteria:
+  - {type: file_exists, path: done.txt}
+"""
+EXPERIMENT = """experiment_id: in-flight
+variants:
+  - variant_id: sleeper
+    agent: {type: command, command: "sleep 1 && echo ok > done.txt"}
+"""
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss(roots: set[int]) -> tuple[int, int]:
+    """(RSS of the worker processes, RSS of them and all their descendants: the agents' bwrap,
+    sh and sleep), in KB."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                parent[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    harness = everything = 0
+    for pid in parent:
+        ancestor, inside = pid, False
+        while ancestor > 1:
+            if ancestor in roots:
+                inside = True
+                break
+            ancestor = parent.get(ancestor, 0)
+        if not inside:
+            continue
+        kb = rss_kb(pid)
+        everything += kb
+        if pid in roots or (parent.get(pid) in roots and b"celery" in _cmdline(pid)):
+            harness += kb
+    return harness, everything
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("slots", nargs="*", type=int, default=[64, 128, 256])
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="evalsite-inflight-") as tmp:
+        tmp_path = Path(tmp)
+        if not os.environ.get("DATABASE_URL"):
+            os.environ["SQLITE_PATH"] = str(tmp_path / "bench.sqlite3")
+        if not os.environ.get("CELERY_BROKER_URL"):
+            os.environ["BROKER_DIR"] = str(tmp_path / "broker")
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "evalsite.settings")
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        from evalsite.celery import app
+        from experiments_app.definitions import import_experiment, import_tasks
+        from runs_app.launching import LaunchOptions, launch_run
+        from runs_app.models import Run, Trial
+
+        call_command("migrate", verbosity=0)
+        (tmp_path / "suite" / "tasks" / "sleepy").mkdir(parents=True)
+        (tmp_path / "suite" / "tasks" / "sleepy" / "task.yaml").write_text(TASK)
+        (tmp_path / "suite" / "exp.yaml").write_text(EXPERIMENT)
+        import_tasks([tmp_path / "suite" / "tasks"])
+        experiment = import_experiment(tmp_path / "suite" / "exp.yaml").experiment
+        database = "PostgreSQL" if os.environ.get("DATABASE_URL") else "SQLite"
+        broker = "Redis/RabbitMQ" if os.environ.get("CELERY_BROKER_URL") else "filesystem"
+        print(f"in-flight bench: {database} + {broker} broker, {args.processes} worker process(es)")
+        for slots in args.slots:
+            app.control.purge()
+            workers = []
+            for i in range(args.processes):
+                log = (tmp_path / f"worker-{slots}-{i}.log").open("w")
+                workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "evalsite", "worker", "-c", str(slots),
+                     "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"w{slots}-{i}@%h"],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "WORKER_SLOTS": str(slots)},
+                ))  # fmt: skip
+            groups = {w.pid for w in workers}
+            peak = [0, 0]
+            stop = threading.Event()
+
+            def sample(stop=stop, peak=peak, groups=groups) -> None:
+                while not stop.wait(0.5):
+                    harness, everything = tree_rss(groups)
+                    peak[0], peak[1] = max(peak[0], harness), max(peak[1], everything)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            try:
+                time.sleep(4)  # connect before the clock starts
+                sampler.start()
+                n = slots * args.processes * args.rounds
+                options = LaunchOptions(repeats=n, max_parallel=slots * args.processes)
+                started = time.time()
+                run = launch_run(experiment, options=options)
+                while not Run.objects.get(pk=run.pk).is_final:
+                    time.sleep(0.2)
+                elapsed = time.time() - started
+            finally:
+                stop.set()
+                for w in workers:
+                    os.killpg(w.pid, 9)
+                    w.wait()
+            finished = sorted(
+                t.timestamp() for t in Trial.objects.filter(run=run).values_list("finished_at", flat=True)
+            )
+            passed = Trial.objects.filter(run=run, status="passed").count()
+            lo, hi = finished[len(finished) // 4], finished[3 * len(finished) // 4]
+            middle = (3 * len(finished) // 4 - len(finished) // 4) / (hi - lo) if hi > lo else 0.0
+            ideal = slots * args.processes
+            print(
+                f"slots {slots} x {args.processes}: {passed}/{n} passed in {elapsed:.1f} s; "
+                f"throughput {middle:.1f} trials/s of ideal {ideal} ({100 * middle / ideal:.0f}%); "
+                f"peak RSS worker {peak[0] / 1024:.0f} MB, with agents {peak[1] / 1024:.0f} MB"
+            )
+
+
+if __name__ == "__main__":
+    main()
