@@ -319,10 +319,10 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     errors = [(path, status) for path, status, _ in results if status != 200]
     latencies = [1000 * (at - commits[n]) for n, at in arrivals if n in commits]
     pool = settings.DATABASE_POOL_MAX_SIZE
-    # each web process: its pool and its LISTEN connection; the worker: its 2 children, its main
-    # process and its heartbeat thread; this script: its main thread and the driver (the sampler
-    # reads from another database)
-    bound = args.web_workers * (pool + 1) + 4 + 2
+    # each web process: its pool and its LISTEN connection; the worker: its main process, and
+    # its 2 children's task thread and lease keeper each; this script: its main thread and the
+    # driver (the sampler reads from another database)
+    bound = args.web_workers * (pool + 1) + 5 + 2
     print(
         f"viewers {args.viewers} (think {args.think:g} s), live streams {args.sse}, {args.seconds:.0f} s, "
         f"uvicorn x{args.web_workers}" + (", web on CPU 0 and the worker on CPU 1" if args.pin else "")
@@ -338,7 +338,7 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
     held = ", ".join(f"{name or '?'} {n}" for name, n in sorted(peak[1].items()))
     print(
         f"db connections  peak {peak[0]} ({held}), bound {bound} ({args.web_workers} web processes x "
-        f"(pool {pool} + LISTEN) + worker 4 + this script 2)"
+        f"(pool {pool} + LISTEN) + worker 5 + this script 2)"
     )
     by_path: dict[str, list[float]] = {}
     for path, _, ms in results:

@@ -195,50 +195,73 @@ def event_row(event: TrialEvent) -> EventRow:
     return row
 
 
+class TranscriptFolder:
+    """The transcript as read, built event by event (the trial page, and its live stream batch
+    by batch): an event that repeats the one before it of its kind word for word (the agent's
+    last usage report and the run's total, an error the stream and the outcome both state) is
+    shown once; a tool's output goes into its call's item; usage is one summary item.
+
+    `add(events)` returns the new items and the items shown before that changed (a call that
+    got its output, the usage summary): the stream sends those again to replace them."""
+
+    def __init__(self) -> None:
+        self.last_text: dict[str, str] = {}
+        self.calls: dict[str, EventRow] = {}
+        self.model_calls: list[str] = []
+        self.usage: EventRow | None = None
+        self.summary: EventRow | None = None
+
+    def add(self, events: list[TrialEvent]) -> tuple[list[EventRow], list[EventRow]]:
+        new: list[EventRow] = []
+        changed: list[EventRow] = []
+        usage_changed = False
+        for event in events:
+            row = event_row(event)
+            if row.kind == TrialEvent.Kind.USAGE:
+                if isinstance(event.data, dict) and event.data.get("source") == "gateway":
+                    self.model_calls.append(row.text)
+                else:
+                    self.usage = row
+                usage_changed = True
+                continue
+            if row.kind == TrialEvent.Kind.ERROR and self.last_text.get(row.kind) == row.text:
+                continue
+            self.last_text[row.kind] = row.text
+            call_id = str(event.data.get("id") or "") if isinstance(event.data, dict) else ""
+            if row.kind == TrialEvent.Kind.TOOL_CALL and call_id:
+                self.calls[call_id] = row
+            elif row.kind == TrialEvent.Kind.TOOL_RESULT and call_id in self.calls:
+                call = self.calls.pop(call_id)
+                failed = "(error)" in row.title
+                label = "error" if failed else "output"
+                call.body = f"{call.body}\n\n── {label} ──\n{row.body or '(no output)'}".strip()
+                call.css = (call.css + " is-error").strip() if failed else call.css
+                call.title += " → error" if failed else ""
+                if not any(call is row for row in new):
+                    changed.append(call)
+                continue
+            new.append(row)
+        if usage_changed:
+            fresh = self.summary is None
+            self.summary = self._usage_summary(events[-1])
+            (new if fresh else changed).append(self.summary)
+        return new, changed
+
+    def _usage_summary(self, last: TrialEvent) -> EventRow:
+        base = self.usage or EventRow(last.seq, last.at, TrialEvent.Kind.USAGE, "usage")
+        # The item's id is "event-usage" whatever its seq (the template), so a stream replaces it.
+        summary = EventRow(base.seq, base.at, TrialEvent.Kind.USAGE, "usage", base.text, base.body, base.css)
+        if self.model_calls:
+            summary.text = summary.text or f"{len(self.model_calls)} model calls"
+            summary.body = "\n".join(f"call {i}: {text}" for i, text in enumerate(self.model_calls, 1))
+        return summary
+
+
 def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
-    """The transcript as read: an event that repeats the one before it of its kind word for word
-    (the agent's last usage report and the run's total, an error the stream and the outcome
-    both state) is shown once. Tool results keep their call's name."""
-    rows: list[EventRow] = []
-    last_text: dict[str, str] = {}
-    calls: dict[str, EventRow] = {}
-    model_calls: list[str] = []
-    usage: EventRow | None = None
-    for event in events:
-        row = event_row(event)
-        if row.kind == TrialEvent.Kind.USAGE:
-            # One usage summary: the running totals' last figure, with every model call the
-            # gateway counted listed inside it.
-            if isinstance(event.data, dict) and event.data.get("source") == "gateway":
-                model_calls.append(row.text)
-            else:
-                usage = row
-            continue
-        if row.kind == TrialEvent.Kind.ERROR and last_text.get(row.kind) == row.text:
-            continue
-        last_text[row.kind] = row.text
-        call_id = str(event.data.get("id") or "") if isinstance(event.data, dict) else ""
-        if row.kind == TrialEvent.Kind.TOOL_CALL and call_id:
-            calls[call_id] = row
-        elif row.kind == TrialEvent.Kind.TOOL_RESULT and call_id in calls:
-            # A tool's output goes with its call: one item, the input then what came back.
-            call = calls.pop(call_id)
-            failed = "(error)" in row.title
-            call.body = (
-                f"{call.body}\n\n── {'error' if failed else 'output'} ──\n{row.body or '(no output)'}".strip()
-            )
-            call.css = (call.css + " is-error").strip() if failed else call.css
-            call.title += " → error" if failed else ""
-            continue
-        rows.append(row)
-    if usage is not None or model_calls:
-        summary = usage or EventRow(events[-1].seq, events[-1].at, TrialEvent.Kind.USAGE, "usage")
-        summary.title = "usage"
-        if model_calls:
-            summary.text = summary.text or f"{len(model_calls)} model calls"
-            summary.body = "\n".join(f"call {i}: {text}" for i, text in enumerate(model_calls, 1))
-        rows.append(summary)
-    return rows
+    """The whole transcript folded (see TranscriptFolder), the usage summary last."""
+    folder = TranscriptFolder()
+    new, _ = folder.add(events)
+    return [row for row in new if row is not folder.summary] + ([folder.summary] if folder.summary else [])
 
 
 def config_for_kind(config: dict) -> tuple[dict, list[str]]:

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET
 
 from runs_app import live
 from runs_app.models import Run, Trial, TrialEvent
-from runs_app.web.presenters import event_row
+from runs_app.web.presenters import TranscriptFolder
 from runs_app.web.runs import get_run_for_user, run_context, trial_filters
 
 # Without a notice, a stream still checks this often (a missed notice costs at most this).
@@ -196,18 +196,25 @@ class TrialStream:
         self.trial_id, self.after, self.request = trial_id, after, request
         self.done = False
         self.last_sent = time.monotonic()
+        self.folder: TranscriptFolder | None = None
 
     def step(self) -> bytes:
         status = Trial.objects.filter(pk=self.trial_id).values_list("status", flat=True).first()
+        if self.folder is None:
+            # Folded as the page folded what it shows (a tool's output then joins its call there).
+            self.folder = TranscriptFolder()
+            self.folder.add(list(TrialEvent.objects.filter(trial_id=self.trial_id, seq__lte=self.after)))
         events = list(
             TrialEvent.objects.filter(trial_id=self.trial_id, seq__gt=self.after).order_by("seq")[:500]
         )
         out = b""
         if events:
             self.after = events[-1].seq
-            rows = [event_row(e) for e in events]
+            new, changed = self.folder.add(events)
             html = render_to_string(
-                "runs/trial_detail.html#event_items", {"events": rows, "streamed": True}, request=self.request
+                "runs/trial_detail.html#event_items",
+                {"events": new + changed, "replaced": changed, "streamed": True},
+                request=self.request,
             )
             out = sse_event("events", html)
         if status is None or status in Trial.FINAL_STATUSES:

@@ -207,3 +207,32 @@ def test_the_trial_page_streams_its_transcript_while_the_agent_runs(member_clien
     live.publish(run.pk, trial.pk)
     rest = _events(list(chunks))
     assert [name for name, _ in rest] == ["ended", "done"]
+
+
+@pytest.mark.django_db
+def test_the_live_transcript_folds_as_the_page_does_replacing_what_it_showed_before():
+    from django.utils import timezone
+
+    from runs_app.models import Trial, TrialEvent
+
+    run = launched_run()
+    trial = run.trials.order_by("pk").first()
+    Trial.objects.filter(pk=trial.pk).update(status="running", started_at=timezone.now())
+    now = timezone.now()
+
+    def event(seq, kind, data):
+        TrialEvent.objects.create(trial=trial, seq=seq, at=now, kind=kind, data=data)
+
+    event(1, "tool_call", {"id": "c1", "name": "Bash", "input": {"command": "pytest -q"}})
+    event(2, "usage", {"input_tokens": 10, "output_tokens": 1})
+    live_stream = stream.TrialStream(trial.pk, after=2)  # the page showed events 1 and 2
+    event(3, "tool_result", {"id": "c1", "name": "Bash", "output": "3 passed"})
+    event(4, "usage", {"input_tokens": 20, "output_tokens": 2})
+    [(name, html)] = _events([live_stream.step()])
+
+    assert name == "events"
+    # The call's item is sent again with its output, and the one usage item with the new totals,
+    # each replacing the item already shown (same id, out-of-band); no item of their own.
+    assert html.count('<li id="event-') == 2 and html.count('hx-swap-oob="true"') == 2
+    assert 'id="event-1"' in html and "3 passed" in html and "pytest -q" in html
+    assert 'id="event-usage"' in html and 'data-seq="3"' not in html
