@@ -6,6 +6,7 @@ static/js/compare.js hands them to Plotly.newPlot. The tests validate them with 
 Plotly renders a subset of HTML in text, so every label is HTML-escaped first.
 """
 
+import re
 from html import escape
 from typing import Any
 
@@ -16,12 +17,30 @@ ARM_COLOUR = "#2b5fd9"
 FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 13}
 
 
+# Charts of more arms than this lean their axis labels and name cost points on hover only.
+MANY_ARMS = 6
+LABEL_LINE = 18
+
+
+def tick_label(arm: ArmSummary) -> str:
+    """An arm's axis label on short lines: a cross-run arm's run on a line of its own, a long
+    variant name broken at its separators, so labels neither overlap nor get cut."""
+    words, lines = re.split(r"(?<=[-_.])", arm.variant_slug), [""]
+    for word in words:
+        if lines[-1] and len(lines[-1]) + len(word) > LABEL_LINE:
+            lines.append("")
+        lines[-1] += word
+    if arm.label != arm.variant_slug:
+        lines.append(arm.label.removeprefix(arm.variant_slug).strip(" ·"))
+    return "<br>".join(escape(line) for line in lines)
+
+
 def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
     """Pass rate per arm, with its 95% interval as error bars (baseline in grey)."""
     arms = comparison.arms
     bar = {
         "type": "bar",
-        "x": [escape(arm.label) for arm in arms],
+        "x": [tick_label(arm) for arm in arms],
         "y": [arm.pass_rate for arm in arms],
         "error_y": _error_bars(arms, "pass_rate", "low", "high"),
         "marker": {"color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
@@ -31,6 +50,8 @@ def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
     }
     layout = _layout(f"Pass rate ({_interval_name(comparison)})")
     layout["yaxis"] = {"range": [0, 1], "tickformat": ".0%", "title": {"text": "pass rate"}}
+    # Wrapped labels need the room below the axis; past a few arms they lean so none overlap.
+    layout["xaxis"] = {"automargin": True, "tickangle": -40 if len(arms) > MANY_ARMS else 0}
     return {"data": [bar], "layout": layout}
 
 
@@ -43,7 +64,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
         "type": "scatter",
         "mode": "markers",
         "x": [arm.versus.delta for arm in others],
-        "y": [escape(arm.label) for arm in others],
+        "y": [tick_label(arm) for arm in others],
         "error_x": {
             "type": "data",
             "symmetric": False,
@@ -78,7 +99,8 @@ def cost_figure(comparison: Comparison) -> dict[str, Any]:
     arms = [arm for arm in comparison.arms if arm.pass_rate is not None]
     points = {
         "type": "scatter",
-        "mode": "markers+text",
+        # Past a few arms the names would sit on each other: they move to the hover text.
+        "mode": "markers+text" if len(arms) <= MANY_ARMS else "markers",
         "x": [arm.mean_cost for arm in arms],
         "y": [arm.pass_rate for arm in arms],
         "text": [escape(arm.label) for arm in arms],

@@ -398,6 +398,24 @@ def test_it_draws_valid_plotly_figures():
     assert cost["x"] == pytest.approx([0.5, 0.5])
 
 
+def test_cross_run_and_long_labels_wrap_and_many_arms_lean_so_none_overlap():
+    experiment = make_experiment(variants=("base", "a-rather-long-variant-name_v2"))
+    outcomes = {"a": {"base": "P", "a-rather-long-variant-name_v2": "F"}}
+    runs = [make_run(experiment, outcomes), make_run(experiment, outcomes)]
+    figure = charts.pass_rate_figure(load.compare_runs(runs))
+    labels = figure["data"][0]["x"]
+    assert labels[0] == f"base<br>run #{runs[0].pk}"
+    assert labels[1] == f"a-rather-long-<br>variant-name_v2<br>run #{runs[0].pk}"
+    assert all(len(line) <= charts.LABEL_LINE for label in labels for line in label.split("<br>"))
+    assert figure["layout"]["xaxis"] == {"automargin": True, "tickangle": 0}
+    many = make_experiment(slug="many", variants=tuple(f"v{i}" for i in range(8)))
+    result = load.compare_runs([make_run(many, {"a": {f"v{i}": "P" for i in range(8)}})])
+    assert charts.pass_rate_figure(result)["layout"]["xaxis"]["tickangle"] == -40
+    assert charts.cost_figure(result)["data"][0]["mode"] == "markers"
+    for figure in charts.figures(result).values():
+        go.Figure(figure)
+
+
 def test_it_escapes_labels_in_charts():
     experiment = make_experiment(variants=("base", "<b>x</b>"))
     result = load.compare_runs([make_run(experiment, {"a": {"base": "P", "<b>x</b>": "F"}})])
