@@ -163,7 +163,19 @@ class ExperimentForm(forms.Form):
 
 # Agent options with their own field on the form (the kind that reads each: the template shows
 # a field only for its kinds when JavaScript is on).
-TYPED_OPTIONS = {"permission_mode": ("claude-code",), "command": ("command",), "prompt_via": ("command",)}
+# Agent options with a field of their own, and the kinds that read them (agent_kinds.KIND_OPTIONS);
+# the page shows each field for those kinds only.
+TYPED_OPTIONS = {
+    "permission_mode": ("claude-code",),
+    "allowed_tools": ("claude-code",),
+    "max_turns": ("claude-code", "gemini-cli"),
+    "sandbox": ("codex",),
+    "reasoning_effort": ("codex",),
+    "command": ("command",),
+    "prompt_via": ("command",),
+}
+# Typed options whose value is a list, typed as "a, b".
+LIST_OPTIONS = ("allowed_tools",)
 
 
 class VariantForm(forms.Form):
@@ -193,6 +205,22 @@ class VariantForm(forms.Form):
             ("plan", "plan"),
         ],  # fmt: skip
     )
+    allowed_tools = forms.CharField(
+        required=False, max_length=2000, label="Allowed tools",
+        help_text="Comma-separated, e.g. Read, Edit, Bash; empty: the kind's default set",
+    )  # fmt: skip
+    max_turns = forms.IntegerField(required=False, min_value=1, label="Max turns")
+    sandbox = forms.ChoiceField(
+        required=False,
+        label="Codex sandbox",
+        choices=[("", "default (workspace-write)"), ("read-only", "read-only"),
+                 ("workspace-write", "workspace-write"), ("danger-full-access", "danger-full-access")],
+    )  # fmt: skip
+    reasoning_effort = forms.ChoiceField(
+        required=False,
+        label="Reasoning effort",
+        choices=[("", "the model's default"), *((v, v) for v in ("minimal", "low", "medium", "high"))],
+    )
     command = forms.CharField(
         required=False, max_length=2000, help_text="What to run, with sh -c, e.g. python3 agent.py"
     )
@@ -202,7 +230,7 @@ class VariantForm(forms.Form):
         choices=[("", "stdin (default)"), ("stdin", "stdin"), ("file", "file")],
     )
     options = YamlField(
-        label="Agent options", help_text="Any other option of the kind, e.g. max_turns: 20 (YAML)"
+        label="Agent options", help_text="Any other option of the kind, e.g. append_system_prompt: … (YAML)"
     )
     prompt_prefix = forms.CharField(
         required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2}), label="Prompt prefix"
@@ -272,6 +300,24 @@ def experiment_initial(experiment: Experiment) -> tuple[dict, list[dict]]:
     return initial, [variant_initial(v) for v in experiment.variants.order_by("position", "pk")]
 
 
+def _typed_initial(agent: dict) -> dict:
+    """The typed options of a saved agent, taken out of it (what stays goes in "Agent options");
+    a value of a shape the field cannot show (a list of dicts, a string list option) stays there."""
+    typed = {}
+    for name in TYPED_OPTIONS:
+        value = agent.get(name)
+        if name in LIST_OPTIONS:
+            shown = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif name == "max_turns":
+            shown = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            shown = isinstance(value, str)
+        if shown:
+            value = agent.pop(name)
+            typed[name] = ", ".join(value) if name in LIST_OPTIONS else value
+    return typed
+
+
 def variant_initial(variant: Variant) -> dict:
     agent = dict(variant.agent)
     initial = {
@@ -280,7 +326,7 @@ def variant_initial(variant: Variant) -> dict:
         "agent_type": agent.pop("type", "") or "",
         "model": agent.pop("model", "") or "",
         "base_url": agent.pop("base_url", "") or "",
-        **{name: agent.pop(name) for name in TYPED_OPTIONS if isinstance(agent.get(name), str)},
+        **_typed_initial(agent),
         "options": agent,
         "run_limits": variant.run_limits,
         "repeats": variant.repeats,
@@ -359,8 +405,11 @@ def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
     if data["base_url"]:
         agent["base_url"] = data["base_url"]
     for name in TYPED_OPTIONS:
-        if data.get(name):
-            agent[name] = data[name].strip() if isinstance(data[name], str) else data[name]
+        value = data.get(name)
+        if name in LIST_OPTIONS and value:
+            agent[name] = [item.strip() for item in value.split(",") if item.strip()]
+        elif value not in (None, ""):
+            agent[name] = value.strip() if isinstance(value, str) else value
     if agent:
         variant["agent"] = agent
     if data["run_limits"]:

@@ -355,6 +355,41 @@ def test_typed_agent_fields_fill_the_agent_options_and_come_back_on_edit(admin_c
     )
 
 
+def test_each_kind_gets_typed_fields_for_its_common_options_with_their_types(admin_client):
+    smoke_experiment()
+    data = _form_data(
+        _variant(0, "reference", "oracle"),
+        _variant(1, "claude", "claude-code", allowed_tools="Read, Bash(git:*)", max_turns="7",
+                 permission_mode="plan"),
+        _variant(2, "codex", "codex", sandbox="read-only", reasoning_effort="high"),
+    )  # fmt: skip
+
+    saved = admin_client.post(reverse("experiment_create"), data)
+
+    assert saved.status_code == 302, saved.context and saved.context["problems"]
+    variants = Experiment.objects.get(slug="ab-test").variants
+    assert variants.get(slug="claude").agent == {
+        "type": "claude-code", "allowed_tools": ["Read", "Bash(git:*)"], "max_turns": 7,
+        "permission_mode": "plan",
+    }  # fmt: skip
+    assert variants.get(slug="codex").agent == {
+        "type": "codex",
+        "sandbox": "read-only",
+        "reasoning_effort": "high",
+    }
+    edit = admin_client.get(reverse("experiment_edit", args=["ab-test"]))
+    claude, codex = edit.context["formset"][1], edit.context["formset"][2]
+    assert (claude["allowed_tools"].value(), claude["max_turns"].value()) == ("Read, Bash(git:*)", 7)
+    assert codex["reasoning_effort"].value() == "high" and not codex["options"].value()
+    page = edit.content.decode()
+    assert 'data-kinds="claude-code gemini-cli"' in page and 'data-kinds="codex"' in page
+    bad = admin_client.post(
+        reverse("experiment_create"),
+        _form_data(_variant(0, "a", "codex", reasoning_effort="extreme"), experiment_id="bad-effort"),
+    )
+    assert "reasoning_effort" in bad.context["formset"][0].errors
+
+
 def test_a_script_attached_in_the_form_joins_the_bundle_and_its_variant_may_name_it(admin_client):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
