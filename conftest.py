@@ -56,12 +56,14 @@ def _no_live_listener_outlives_its_test():
     connection, which would keep the test database from being dropped."""
     yield
     from runs_app import live
+    from runs_app.analysis import load
     from runs_app.web import stream
 
     if live._hub is not None:
         live._hub.stop()
     stream._rendered.clear()  # run ids repeat across test databases
     stream._states.clear()
+    load.forget_comparisons()  # and so do (run id, tally version) pairs
 
 
 @pytest.fixture(autouse=True)

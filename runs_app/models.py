@@ -59,6 +59,8 @@ class Run(models.Model):
     stop_reason = models.TextField(blank=True)
     # Its UnitTally rows are complete (runs from before the tallies are rolled up when first read).
     tallied = models.BooleanField(default=False)
+    # Bumped by every change to its tallies: a comparison computed at one version holds until the next.
+    tally_version = models.PositiveBigIntegerField(default=0)
     # Counts are derived from trial outcomes (refresh_counts), never from exit codes.
     n_trials = models.PositiveIntegerField(default=0)
     n_queued = models.PositiveIntegerField(default=0)

@@ -12,6 +12,9 @@ builds its form (baseline and tag choices) between the two steps.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,6 +131,51 @@ def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, 
 
 
 # --- loading and comparing ------------------------------------------------------------------------
+
+# A comparison is a pure function of the runs' tallies (and the tasks' tags, the experiment's
+# baseline): computed once per tally version and kept a minute in this process, so a hundred
+# viewers of one run, or reloads of a 100k-trial comparison (a second of statistics), cost one.
+MEMO_SECONDS = 60.0
+MEMO_SIZE = 16
+_memo: OrderedDict[tuple, tuple[float, Any]] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _memoised(key: tuple, compute):
+    now = time.monotonic()
+    with _memo_lock:
+        hit = _memo.get(key)
+        if hit is not None and now - hit[0] < MEMO_SECONDS:
+            _memo.move_to_end(key)
+            return hit[1]
+    value = compute()
+    with _memo_lock:
+        _memo[key] = (now, value)
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return value
+
+
+def _state(runs: Sequence[Run]) -> tuple:
+    return tuple((run.pk, run.tally_version, run.status, run.experiment.baseline_id) for run in runs)
+
+
+def loaded(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
+    """`load(runs)`, computed once per state of the runs (see MEMO_SECONDS)."""
+    rollup.ensure(runs)
+    return _memoised(("load", _state(runs), criteria), lambda: load(runs, criteria=criteria))
+
+
+def comparison(runs: Sequence[Run], *, criteria: bool = True, **options: Any) -> Comparison:
+    """`compare(load(runs), **options)`, computed once per state of the runs and options."""
+    rollup.ensure(runs)
+    key = ("compare", _state(runs), criteria, tuple(sorted((k, repr(v)) for k, v in options.items())))
+    return _memoised(key, lambda: compare(loaded(runs, criteria=criteria), **options))
+
+
+def forget_comparisons() -> None:
+    with _memo_lock:
+        _memo.clear()
 
 
 def compare_runs(runs: Sequence[Run], **options: Any) -> Comparison:

@@ -84,7 +84,8 @@ def _count_finished(run: Run, status: str) -> None:
     setattr(run, f"n_{status}", getattr(run, f"n_{status}") + 1)
     run.n_running = Trial.objects.for_run(run).current().filter(status=Trial.Status.RUNNING).count()
     run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
-    run.save(update_fields=[f"n_{status}", "n_running", "n_queued"])
+    run.tally_version += 1
+    run.save(update_fields=[f"n_{status}", "n_running", "n_queued", "tally_version"])
 
 
 def ensure(runs: Sequence[Run]) -> None:
@@ -125,9 +126,10 @@ def store(run: Run, trial_ids: Iterable[int] | None) -> None:
             ],
             batch_size=1000,
         )
-        if units is None and not run.tallied:
-            Run.objects.filter(pk=run.pk).update(tallied=True)
-            run.tallied = True
+        complete = run.tallied or units is None
+        Run.objects.filter(pk=run.pk).update(tallied=complete, tally_version=F("tally_version") + 1)
+        run.tallied = complete
+        run.tally_version = Run.objects.filter(pk=run.pk).values_list("tally_version", flat=True).get()
 
 
 def grouped_trials(trials) -> dict[tuple[int, int, str], dict[str, Any]]:

@@ -19,8 +19,8 @@ from django.views.decorators.http import require_GET
 
 from experiments_app.models import Experiment
 from runs_app.analysis import charts, exports
-from runs_app.analysis.compare import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison, compare
-from runs_app.analysis.load import load
+from runs_app.analysis.compare import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison
+from runs_app.analysis.load import comparison, loaded
 from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
 from runs_app.web.runs import get_run_for_user
@@ -118,7 +118,7 @@ def _selected_runs(experiment: Experiment, form: RunSelectionForm) -> list[Run]:
 def _comparison_response(
     request: HttpRequest, experiment: Experiment, runs: list[Run], run_form: RunSelectionForm | None
 ) -> HttpResponse:
-    data = load(runs)
+    data = loaded(runs)
     form = CompareForm(request.GET, arms=data.arms, tags=data.tags)
     form.is_valid()  # an invalid field falls back to its default below; its error is shown
     options = form.cleaned_data
@@ -127,8 +127,8 @@ def _comparison_response(
     if options.get("format") in ("csv", "json") and options.get("table") == "trials":
         task_ids = [task.task_id for task in data.tasks if set(tags) & set(task.tags)] if tags else None
         return _trials_download(_current_trials(runs, task_ids), options["format"], stem)
-    result = compare(
-        data, baseline=options.get("baseline") or None, tags=tags, cluster=options.get("cluster") or "unit"
+    result = comparison(
+        runs, baseline=options.get("baseline") or None, tags=tags, cluster=options.get("cluster") or "unit"
     )
     if options.get("format") in ("csv", "json"):
         return _summary_download(result, options["format"], stem)

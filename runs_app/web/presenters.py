@@ -13,8 +13,8 @@ from django.db.models import Count, Sum
 from experiments_app.models import Variant
 from experiments_app.specs import agent_kinds
 from runs_app.analysis import rollup
-from runs_app.analysis.compare import ArmSummary, compare
-from runs_app.analysis.load import load
+from runs_app.analysis.compare import ArmSummary
+from runs_app.analysis.load import comparison
 from runs_app.models import Run, Trial, TrialEvent, UnitTally
 
 
@@ -76,7 +76,7 @@ def variant_rows(run: Run) -> list[VariantRow]:
     ) if run.n_running else {}  # fmt: skip
     baseline = (run.config or {}).get("baseline")
     variants = Variant.objects.filter(pk__in=stats).order_by("position", "pk")
-    arms = {arm.variant_slug: arm for arm in compare(load([run], criteria=False)).arms} if stats else {}
+    arms = {arm.variant_slug: arm for arm in comparison([run], criteria=False).arms} if stats else {}
     rows = []
     for v in variants:
         counts = stats[v.pk]
