@@ -105,3 +105,14 @@ def test_a_run_from_before_the_tallies_is_rolled_up_when_first_read(run):
     assert sum(arm.trials for arm in load.compare_runs([old]).arms) == 6
     assert Run.objects.get(pk=run.pk).tallied
     assert_tallies_match(run)
+
+
+def test_a_kept_comparison_holds_until_the_runs_tallies_change(run):
+    before = load.comparison([run])
+    assert load.comparison([run]) is before  # the same state: computed once
+    trial = Trial.objects.filter(run=run).order_by("pk").first()
+    _store_as_the_runner_does(trial, Trial.Status.PASSED, True)
+    run = Run.objects.get(pk=run.pk)
+    after = load.comparison([run])
+    assert after is not before and sum(arm.passed for arm in after.arms) == 1
+    assert sum(arm.passed for arm in before.arms) == 0
