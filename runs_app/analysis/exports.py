@@ -5,6 +5,7 @@ and streaming CSV / JSON writers (100,000 trials never sit in memory at once).
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -68,17 +69,31 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
-def csv_lines(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> Iterator[str]:
-    """CSV text, line by line: the header, then one line per row (missing keys empty)."""
-    writer = csv.writer(_Echo())
-    yield writer.writerow(columns)
+def csv_lines(rows: Iterable[dict[str, Any]], columns: Sequence[str], batch: int = 500) -> Iterator[str]:
+    """CSV text: the header, then the rows (missing keys empty), `batch` lines a piece (a piece
+    per line made the response's writes cost as much as the rows)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    starts = "".join(_FORMULA_STARTS)
+    pending = 0
     for row in rows:
-        yield writer.writerow([csv_safe(row.get(column)) for column in columns])
+        # csv_safe, inlined: it runs for every cell of 100,000 rows.
+        writer.writerow(
+            [
+                "" if value is None
+                else "'" + value if value.__class__ is str and value[:1] and value[0] in starts
+                else value
+                for value in map(row.get, columns)
+            ]
+        )  # fmt: skip
+        pending += 1
+        if pending >= batch:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+            pending = 0
+    yield buffer.getvalue()
 
 
 def json_array(rows: Iterable[dict[str, Any]]) -> Iterator[str]:

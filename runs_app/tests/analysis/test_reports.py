@@ -134,6 +134,18 @@ def test_it_makes_the_html_report_one_self_contained_file(finished_run):
     assert heatmap["text"][0] == ["1/1", "0/1"]  # fix-mean
 
 
+def test_the_html_report_lists_the_first_trials_that_did_not_pass_and_counts_the_rest(
+    finished_run, monkeypatch
+):
+    report = reports.build_report(finished_run)
+    failed = [t for t in report["trials"] if t["status"] != "passed"]
+    assert len(failed) >= 2
+    monkeypatch.setattr(reports, "HTML_TRIAL_ROWS", 1)
+    html = reports.render_html(report)
+    assert html.count('<td class="message">') == 1
+    assert f"… and {len(failed) - 1} more" in html
+
+
 def test_it_writes_reports_with_the_evalreport_command(finished_run, tmp_path, capsys):
     out = tmp_path / "nested" / "report.xml"
     call_command("evalreport", str(finished_run.pk), "--format", "junit", "-o", str(out), stderr=StringIO())
