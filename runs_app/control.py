@@ -247,18 +247,12 @@ def finish_run(run_id: int) -> Run:
     return run
 
 
-def _rolled_up(run_id: int) -> Run:
-    """The run with every unit regrouped from its trials, before the gates read it."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
-        rollup.recount(run)
-    return run
-
-
 def rejudge_run(run_id: int) -> Run:
     """Recount an ended run and judge its suites and gates again (after `evaluate` re-graded
     some of its trials); its status and end time stay."""
-    run = _rolled_up(run_id)
+    with transaction.atomic():  # regrouped first: the gates read the tallies
+        run = Run.objects.select_for_update().get(pk=run_id)
+        rollup.recount(run)
     suite_results = evaluate_suites(run)
     gate_results = _judge_gates(run, suite_results)
     with transaction.atomic():

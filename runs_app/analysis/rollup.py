@@ -40,14 +40,13 @@ def recount(run: Run, trial_ids: Iterable[int] | None = None) -> int:
 def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) -> None:
     """Count a trial that went from running to its final state: its unit's tally and the run's
     counts. The caller stored the outcome in this transaction and holds the run's row lock."""
-    if not run.tallied:
-        return  # rolled up whole when first read (see ensure)
-    unit = {"run_id": run.pk, **{field: getattr(trial, field) for field in UNIT_FIELDS}}
-    tally = UnitTally.objects.filter(**unit).first()
-    if tally is None:
-        store(run, [trial.pk])
-    else:
-        _add(tally, trial, criteria)
+    if run.tallied:  # else it is rolled up whole when first read (see ensure)
+        unit = {"run_id": run.pk, **{field: getattr(trial, field) for field in UNIT_FIELDS}}
+        tally = UnitTally.objects.filter(**unit).first()
+        if tally is None:
+            store(run, [trial.pk])
+        else:
+            _add(tally, trial, criteria)
     _count_finished(run, trial.status)
 
 

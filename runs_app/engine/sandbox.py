@@ -279,15 +279,19 @@ LAUNCHER = Path(
     os.environ.get("EVALSITE_LAUNCHER") or Path(__file__).resolve().parents[2] / ".build" / "evalsite-launch"
 )
 _LAUNCHER_LOCK = threading.Lock()
+_LAUNCHER_CHECKED: list[bool] = []
 
 
 def launcher() -> Path:
     """The sandbox launcher (`launcher/evalsite-launch.c`), built with the system's C compiler
     when missing or older than its source (`make sandbox` builds it too)."""
+    if _LAUNCHER_CHECKED:
+        return LAUNCHER  # checked once per process: this runs before every command
     with _LAUNCHER_LOCK:
         if LAUNCHER.exists() and (
             not _LAUNCHER_SOURCE.exists() or LAUNCHER.stat().st_mtime >= _LAUNCHER_SOURCE.stat().st_mtime
         ):
+            _LAUNCHER_CHECKED.append(True)
             return LAUNCHER
         compiler = shutil.which(os.environ.get("CC", "cc"))
         if compiler is None:
@@ -300,6 +304,7 @@ def launcher() -> Path:
         if built.returncode != 0:
             raise SandboxError(f"building {LAUNCHER} failed: {built.stderr.strip()[-500:]}")
         os.replace(partial, LAUNCHER)
+        _LAUNCHER_CHECKED.append(True)
         return LAUNCHER
 
 

@@ -53,3 +53,13 @@ def assert_tallies_match(run: Run) -> None:
         row = stored[unit]
         assert {name: getattr(row, name) for name in values} == pytest.approx(values), unit
         assert row.criteria == criteria.get(unit, {}), unit
+
+
+def launched_smoke_run() -> Run:
+    """The smoke experiment launched; call inside django_capture_on_commit_callbacks so no
+    broker message is sent (the test plays the worker)."""
+    from runs_app.launching import launch_run
+
+    import_examples()
+    smoke = import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
+    return launch_run(smoke)

@@ -12,19 +12,15 @@ from runs_app.analysis import rollup
 from runs_app.engine import runner
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
-from runs_app.tests.factories import EXAMPLES, import_examples
+from runs_app.tests.factories import launched_smoke_run
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def run(django_capture_on_commit_callbacks):
-    from experiments_app.definitions import import_experiment
-
-    import_examples()
-    smoke = import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
     with django_capture_on_commit_callbacks():  # no broker message: these tests play the worker
-        return launch_run(smoke)
+        return launched_smoke_run()
 
 
 def _claim_and_expire(trial: Trial) -> None:

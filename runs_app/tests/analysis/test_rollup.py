@@ -10,21 +10,16 @@ from django.utils import timezone
 from runs_app import control
 from runs_app.analysis import load, rollup
 from runs_app.engine import runner
-from runs_app.launching import launch_run
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
-from runs_app.tests.factories import EXAMPLES, assert_tallies_match, import_examples
+from runs_app.tests.factories import assert_tallies_match, launched_smoke_run
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def run(django_capture_on_commit_callbacks):
-    from experiments_app.definitions import import_experiment
-
-    import_examples()
-    smoke = import_experiment(EXAMPLES / "experiments" / "smoke.yaml", root=EXAMPLES).experiment
     with django_capture_on_commit_callbacks():  # no broker message: these tests play the worker
-        return launch_run(smoke)
+        return launched_smoke_run()
 
 
 def _finish(trial: Trial, status: str, passed: bool) -> None:
@@ -116,3 +111,13 @@ def test_a_kept_comparison_holds_until_the_runs_tallies_change(run):
     after = load.comparison([run])
     assert after is not before and sum(arm.passed for arm in after.arms) == 1
     assert sum(arm.passed for arm in before.arms) == 0
+
+
+def test_a_run_from_before_the_tallies_still_counts_each_stored_outcome(run):
+    UnitTally.objects.filter(run=run).delete()
+    Run.objects.filter(pk=run.pk).update(tallied=False)
+    _store_as_the_runner_does(Trial.objects.filter(run=run).order_by("pk").first(), Trial.Status.PASSED, True)
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.n_passed, stored.tallied) == (1, False)
+    assert sum(arm.passed for arm in load.compare_runs([stored]).arms) == 1  # rolled up when read
+    assert_tallies_match(run)

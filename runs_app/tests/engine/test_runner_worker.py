@@ -282,6 +282,11 @@ def test_hostile_agents_end_bounded_and_recorded(tmp_path, celery_worker_process
         "flood": "head -c 1000000000 /dev/zero; echo done > out.txt",
         "home": 'echo secret > "$HOME/note.txt" && test -f "$HOME/note.txt" && echo done > out.txt',
         "loop": "while :; do :; done",
+        # Leave the trial's pids cgroup (the uid is then swept only if it ran outside one), then
+        # leave a daemon behind: out.txt only if every way out of the cgroup was refused.
+        "escape": "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs; do "
+        "(echo $$ > $f) 2>/dev/null && echo escaped > escaped.txt; done; "
+        "setsid sleep 307 < /dev/null > /dev/null 2>&1 & test -f escaped.txt || echo done > out.txt",
     }.items():
         make_task(
             tmp_path,
@@ -303,6 +308,8 @@ def test_hostile_agents_end_bounded_and_recorded(tmp_path, celery_worker_process
     assert trials["flood"].status == "passed", (trials["flood"].error_category, trials["flood"].error_message)
     assert len(trials["flood"].agent_stdout) <= settings.AGENT_OUTPUT_CAP_BYTES
     assert trials["home"].status == "passed"
+    assert trials["escape"].status == "passed", trials["escape"].agent_stderr
+    assert _processes_with("sleep\x00307") == []  # the daemon died with the trial's cgroup
     assert not Path("/root/note.txt").exists() and not (Path.home() / "note.txt").exists()
     assert _worker_peak_rss_mb(celery_worker_process) < 400
 
