@@ -27,11 +27,10 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 from functools import lru_cache
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
-from scipy import signal
-from scipy import stats as scipy_stats
 
 from runs_app.analysis.stats import newcombe_interval_z, wilson_cc_interval
 
@@ -52,7 +51,11 @@ class Interval(NamedTuple):
 
 @lru_cache(maxsize=512)
 def t_quantile(q: float, df: int) -> float:
-    return float(scipy_stats.t.ppf(q, df))
+    # Imported here: scipy.special takes 0.7 s and 50 MB to load, which every worker and
+    # command process would pay at start (scipy.stats: 2 s and 100 MB) for a quantile.
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, q))
 
 
 def ratio_interval(
@@ -70,19 +73,25 @@ def ratio_interval(
     the mean of the numerators; with one unit per cluster, the ordinary t interval.
     None when Σ denominators is 0; with one cluster, the interval is (θ, θ) and se None.
     """
-    sums_a: dict[Hashable, float] = defaultdict(float)
-    sums_b: dict[Hashable, float] = defaultdict(float)
-    for a, b, key in zip(numerators, denominators, clusters, strict=True):
-        sums_a[key] += a
-        sums_b[key] += b
-    total_b = math.fsum(sums_b.values())
+    if len(set(clusters)) == len(clusters):  # a cluster per unit (the default): nothing to sum
+        if len(numerators) != len(clusters) or len(denominators) != len(clusters):
+            raise ValueError("numerators, denominators and clusters differ in length")
+        a_c, b_c = numerators, denominators
+    else:
+        sums_a: dict[Hashable, float] = defaultdict(float)
+        sums_b: dict[Hashable, float] = defaultdict(float)
+        for a, b, key in zip(numerators, denominators, clusters, strict=True):
+            sums_a[key] += a
+            sums_b[key] += b
+        a_c, b_c = list(sums_a.values()), [sums_b[key] for key in sums_a]
+    total_b = math.fsum(b_c)
     if total_b <= 0:
         return None
-    theta = math.fsum(sums_a.values()) / total_b
-    count = len(sums_b)
+    theta = math.fsum(a_c) / total_b
+    count = len(b_c)
     if count < 2:
         return Interval(theta, theta, theta, count, None)
-    residuals = math.fsum((sums_a[key] - theta * sums_b[key]) ** 2 for key in sums_b)
+    residuals = math.fsum([(a - theta * b) ** 2 for a, b in zip(a_c, b_c, strict=True)])
     se = math.sqrt(count / (count - 1) * residuals) / total_b
     half = t_quantile(1 - (1 - confidence) / 2, count - 1) * se
     return Interval(theta, theta - half, theta + half, count, se)
@@ -184,9 +193,9 @@ def sign_flip_p(
 
     The D_c are rationals: scaled by the least common multiple of the trial counts and divided
     by their greatest common divisor they are integers v_c, and Σ ±v_c = 2T - Σ v_c with
-    T = Σ v_c·J_c, J_c ~ Bernoulli(1/2). T's distribution is a convolution of one binomial per
-    distinct v (at stride v), exact up to `EXACT_LATTICE` points; beyond, `draws` seeded draws
-    of T give p = (1 + hits)/(draws + 1).
+    T = Σ v_c·J_c, J_c ~ Bernoulli(1/2). T's distribution is exact up to `EXACT_LATTICE`
+    points (from its generating function); beyond, `draws` seeded draws of T give
+    p = (1 + hits)/(draws + 1).
     """
     pairs = [(pb, nb, pa, na, key) for (pb, nb), (pa, na), key in zip(baseline, arm, clusters, strict=True)
              if nb and na]  # fmt: skip
@@ -207,20 +216,46 @@ def sign_flip_p(
     total = sum(values)
     groups = sorted(Counter(values).items())
     if total + 1 <= EXACT_LATTICE:
-        pmf = np.ones(1)
-        for value, count in groups:
-            kernel = np.zeros(value * count + 1)
-            kernel[::value] = scipy_stats.binom.pmf(np.arange(count + 1), count, 0.5)
-            small = len(pmf) * len(kernel) < 4_000_000
-            pmf = np.convolve(pmf, kernel) if small else np.clip(signal.fftconvolve(pmf, kernel), 0, None)
         statistic = np.abs(2 * np.arange(total + 1) - total)
-        return min(1.0, float(pmf[statistic >= observed].sum())), True
-    rng = np.random.default_rng(seed)
-    t = np.zeros(draws, dtype=np.int64)
-    for value, count in groups:
-        t += value * rng.binomial(count, 0.5, size=draws)
-    hits = int((np.abs(2 * t - total) >= observed).sum())
+        p_value = float(_lattice_pmf(groups, total)[statistic >= observed].sum())
+        # The observed signs and their mirror always count: p >= 2 / 2^C (rounding aside).
+        return min(1.0, max(p_value, 2.0 ** (1 - len(values)))), True
+    hits = int((np.abs(2 * _drawn_sums(values, draws, seed) - total) >= observed).sum())
     return (1 + hits) / (draws + 1), False
+
+
+def _drawn_sums(values: list[int], draws: int, seed: int) -> np.ndarray:
+    """`draws` seeded draws of T = Σ v_c·J_c. The clusters go in blocks of eight: a table of
+    each block's 256 partial sums, then one random byte per block and draw picks an entry.
+    A binomial per distinct value cost 58 ms a test where units' trial counts differ (their
+    lcm makes hundreds of distinct values); this costs about 10 ms at 1,000 clusters."""
+    rng = np.random.default_rng(seed)
+    blocks = np.array(values + [0] * (-len(values) % 8), dtype=np.int64).reshape(-1, 8)
+    bits = (np.arange(256)[:, None] >> np.arange(8)) & 1
+    tables = blocks @ bits.T
+    picks = rng.integers(0, 256, size=(len(blocks), draws), dtype=np.uint8)
+    sums = np.zeros(draws, dtype=np.int64)
+    for table, pick in zip(tables, picks, strict=True):
+        sums += table[pick]
+    return sums
+
+
+def _lattice_pmf(groups: list[tuple[int, int]], total: int) -> np.ndarray:
+    """P(T = t) for t = 0..total, T = Σ v·Binomial(c, 1/2) over the (v, c) groups: the inverse
+    DFT of T's generating function Π ((1 + z^v) / 2)^c at the (total + 1)-th roots of unity
+    (T <= total, so nothing wraps around at a power of two past it, where the FFT is fastest:
+    25 ms at 55,001 points against 3 ms at 65,536). At z = e^{-iθ}, (1 + z) / 2 = e^{-iθ/2}·cos(θ/2), so
+    the product is a real magnitude and a phase: O(groups × total) real operations, where
+    convolving the binomials one by one cost O(total²)."""
+    size = 1 << total.bit_length()
+    k = np.arange(size // 2 + 1)  # T is real: the other half of the spectrum mirrors this one
+    magnitude = np.ones(len(k))
+    phase = np.zeros(len(k))
+    for value, count in groups:
+        half_angle = np.pi * (k * value % size) / size
+        magnitude *= np.cos(half_angle) ** count
+        phase = (phase - count * half_angle) % (2 * np.pi)
+    return np.clip(np.fft.irfft(magnitude * np.exp(1j * phase), n=size)[: total + 1], 0, None)
 
 
 def detectable_effect(se: float, clusters: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -231,4 +266,4 @@ def detectable_effect(se: float, clusters: int, alpha: float = 0.05, power: floa
 
 
 def _z_quantile(confidence: float) -> float:
-    return float(scipy_stats.norm.ppf(1 - (1 - confidence) / 2))
+    return NormalDist().inv_cdf(1 - (1 - confidence) / 2)

@@ -36,9 +36,12 @@ _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]
 # --- gathering -------------------------------------------------------------------------------
 
 
-def build_report(run: Run, *, figures: bool = False) -> dict[str, Any]:
+def build_report(run: Run, *, figures: bool = False, unsuccessful: int | None = None) -> dict[str, Any]:
     """Everything a report shows about `run`, as plain JSON-ready data; with `figures`, also the
-    comparison page's Plotly charts and the task × variant map (for the HTML report)."""
+    comparison page's Plotly charts and the task × variant map (for the HTML report). With
+    `unsuccessful`, `trials` holds only the first that many trials that did not pass, and
+    `unsuccessful_total` counts them all (a 100k-trial run's rows would cost seconds and
+    hundreds of MB for a page that lists a thousand)."""
     summary = compare_runs([run])
     report = {
         "run": _run_info(run),
@@ -50,8 +53,10 @@ def build_report(run: Run, *, figures: bool = False) -> dict[str, Any]:
         "gates": list(run.gate_results),
         "gates_passed": run.gates_passed,
         "suites": list(run.suite_results),
-        "trials": _trial_rows(run),
+        "trials": _trial_rows(run, unsuccessful),
     }
+    if unsuccessful is not None:
+        report["unsuccessful_total"] = _unsuccessful(run).count()
     if figures:
         report["figures"] = {**charts.figures(summary), "chart-heatmap": heatmap_figure(report)}
     return report
@@ -142,16 +147,19 @@ def _iso(moment) -> str | None:
     return moment.isoformat() if moment else None
 
 
-def _trial_rows(run: Run) -> list[dict[str, Any]]:
-    """The run's current trials in the shape of every export, each with an absolute `url` and
-    a short `message` saying why it did not pass."""
-    trials = (
-        Trial.objects.for_run(run)
-        .current()
-        .order_by(
-            "variant__position", "variant__slug", "task_version__task__slug", "dataset_row_id", "replicate"
-        )
+def _unsuccessful(run: Run):
+    return Trial.objects.for_run(run).current().exclude(status=Trial.Status.PASSED)
+
+
+def _trial_rows(run: Run, unsuccessful: int | None = None) -> list[dict[str, Any]]:
+    """The run's current trials (or the first `unsuccessful` that did not pass) in the shape of
+    every export, each with an absolute `url` and a short `message` saying why it did not pass."""
+    trials = Trial.objects.for_run(run).current() if unsuccessful is None else _unsuccessful(run)
+    trials = trials.order_by(
+        "variant__position", "variant__slug", "task_version__task__slug", "dataset_row_id", "replicate"
     )
+    if unsuccessful is not None:
+        trials = trials[:unsuccessful]
     rows = list(exports.trial_rows(trials))
     failing = _failing_criteria([row["id"] for row in rows if row["status"] == Trial.Status.FAILED])
     for row in rows:
@@ -434,12 +442,13 @@ def render_html(report: dict[str, Any]) -> str:
 
     figures = report.get("figures") or {"chart-heatmap": heatmap_figure(report)}
     unsuccessful = [t for t in report["trials"] if t["status"] != Trial.Status.PASSED]
+    total = report.get("unsuccessful_total", len(unsuccessful))
     context = {
         "report": report,
         "headline": headline(report),
         "summary": summary_rows(report),
         "unsuccessful": unsuccessful[:HTML_TRIAL_ROWS],
-        "more_unsuccessful": max(0, len(unsuccessful) - HTML_TRIAL_ROWS),
+        "more_unsuccessful": max(0, total - min(len(unsuccessful), HTML_TRIAL_ROWS)),
         "figures": [(name, f"figure-{name}", figure) for name, figure in figures.items()],
         "plotly_js": get_plotlyjs(),
     }

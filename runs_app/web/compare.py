@@ -25,7 +25,10 @@ from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
 from runs_app.web.runs import get_run_for_user
 
-HEATMAP_PAGE = 50  # tasks per heat-map page: 500 cells at 10 variants, about a screen
+# A heat-map page holds about this many cells, and 5 to 50 tasks: 50 tasks at 10 variants is
+# about a screen, and at 100 arms (10 runs × 10 variants) 5,000 cells took 0.8 s to render.
+HEATMAP_CELLS = 500
+HEATMAP_ROWS = (5, 50)
 TASK_LIST_LIMIT = 50  # improved / regressed / flaky tasks listed per variant on the page
 MAX_RUNS = 10
 DEFAULT_RUNS = 2
@@ -142,7 +145,9 @@ def _comparison_response(
 
 
 def _page_context(result: Comparison, page: int | None) -> dict:
-    heatmap = Paginator(result.rows, HEATMAP_PAGE).get_page(page)
+    fewest, most = HEATMAP_ROWS
+    per_page = max(fewest, min(most, HEATMAP_CELLS // max(1, len(result.arms))))
+    heatmap = Paginator(result.rows, per_page).get_page(page)
     return {
         "comparison": result,
         "confidence": round(result.confidence * 100),

@@ -21,7 +21,11 @@ class Command(BaseCommand):
         run = Run.objects.select_related("experiment").filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"no run {run_id}", returncode=2)
-        text = reports.render(reports.build_report(run, figures=fmt == "html"), fmt)
+        if fmt == "html":
+            report = reports.build_report(run, figures=True, unsuccessful=reports.HTML_TRIAL_ROWS)
+        else:
+            report = reports.build_report(run)
+        text = reports.render(report, fmt)
         if output is None:
             sys.stdout.write(text)
             return

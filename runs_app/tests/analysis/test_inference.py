@@ -114,6 +114,30 @@ def test_beyond_the_exact_lattice_it_draws_and_agrees(monkeypatch):
     assert drawn == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / 40_000) + 1 / 40_000)
 
 
+def test_the_exact_lattice_is_the_convolution_of_the_binomials():
+    rng = random.Random(5)
+    for _ in range(50):
+        groups = sorted({rng.randint(1, 40): rng.randint(1, 50) for _ in range(rng.randint(1, 6))}.items())
+        total = sum(value * count for value, count in groups)
+        expected = np.ones(1)
+        for value, count in groups:
+            kernel = np.zeros(value * count + 1)
+            kernel[::value] = scipy_stats.binom.pmf(np.arange(count + 1), count, 0.5)
+            expected = np.convolve(expected, kernel)
+        got = inference._lattice_pmf(groups, total)
+        assert len(got) == total + 1 and np.abs(got - expected).max() < 1e-14
+
+
+def test_draws_with_many_distinct_cluster_sums_follow_the_sign_flip_distribution():
+    rng = random.Random(8)
+    values = [rng.randint(1, 3000) for _ in range(300)]
+    sums = inference._drawn_sums(values, 40_000, seed=1)
+    mean, variance = sum(values) / 2, sum(v * v for v in values) / 4
+    assert abs(sums.mean() - mean) < 4 * math.sqrt(variance / 40_000)
+    assert sums.var() == pytest.approx(variance, rel=0.03)
+    assert sums.min() >= 0 and sums.max() <= sum(values)
+
+
 def test_nothing_to_compare_is_none_not_zero():
     assert inference.difference_interval([(1, 1)], [(0, 0)], [0]) is None
     assert inference.sign_flip_p([(1, 1)], [(0, 0)], [0]) is None

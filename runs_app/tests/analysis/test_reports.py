@@ -146,6 +146,20 @@ def test_the_html_report_lists_the_first_trials_that_did_not_pass_and_counts_the
     assert f"… and {len(failed) - 1} more" in html
 
 
+def test_the_html_reports_rows_are_read_from_the_trials_that_did_not_pass_only(finished_run):
+    full = reports.build_report(finished_run)
+    failed = [t for t in full["trials"] if t["status"] != "passed"]
+
+    report = reports.build_report(finished_run, unsuccessful=1)
+
+    assert report["unsuccessful_total"] == len(failed) >= 2
+    assert [t["id"] for t in report["trials"]] == [failed[0]["id"]]
+    assert report["trials"][0]["message"] == failed[0]["message"]
+    html = reports.render_html(report)
+    assert html.count('<td class="message">') == 1
+    assert f"… and {len(failed) - 1} more" in html
+
+
 def test_it_writes_reports_with_the_evalreport_command(finished_run, tmp_path, capsys):
     out = tmp_path / "nested" / "report.xml"
     call_command("evalreport", str(finished_run.pk), "--format", "junit", "-o", str(out), stderr=StringIO())

@@ -2,6 +2,7 @@
 a finishing trial (while the run is in progress), the reaper, cancel, retry, resume and `evaluate`,
 and old runs without tallies are rolled up when first read."""
 
+from dataclasses import fields
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from django.utils import timezone
 
 from runs_app import control
 from runs_app.analysis import load, rollup
+from runs_app.analysis.compare import Cell
 from runs_app.engine import runner
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
 from runs_app.tests.factories import assert_tallies_match, launched_smoke_run
@@ -121,3 +123,8 @@ def test_a_run_from_before_the_tallies_still_counts_each_stored_outcome(run):
     assert (stored.n_passed, stored.tallied) == (1, False)
     assert sum(arm.passed for arm in load.compare_runs([stored]).arms) == 1  # rolled up when read
     assert_tallies_match(run)
+
+
+def test_a_tally_row_fills_a_cell_in_field_order():
+    names = [f.name for f in fields(Cell)]
+    assert names[: len(load.CELL_FIELDS)] == list(load.CELL_FIELDS)

@@ -105,6 +105,17 @@ def test_it_rejects_undefined_pass_k_arguments(estimator, n, c, k):
 # --- McNemar ----------------------------------------------------------------------------------
 
 
+def test_fishers_exact_test_matches_scipy():
+    rng = random.Random(11)
+    tables = [(0, 0, 0, 0), (3, 0, 0, 3), (0, 5, 5, 0), (10, 0, 0, 10), (1, 9, 11, 3)]
+    tables += [tuple(rng.randint(0, rng.choice([2, 10, 40])) for _ in range(4)) for _ in range(400)]
+    for a, b, c, d in tables:
+        expected = scipy_stats.fisher_exact([[a, b], [c, d]]).pvalue
+        assert stats.fisher_exact_p(a, b, c, d) == pytest.approx(expected, abs=1e-12), (a, b, c, d)
+    with pytest.raises(ValueError):
+        stats.fisher_exact_p(-1, 0, 0, 0)
+
+
 def test_it_gives_exact_mcnemar_p_values():
     assert stats.mcnemar_exact(1, 7) == Fraction(2 * (1 + 8), 2**8)
     # Cavo et al. (2012) in Fagerland, Lydersen & Laake (2013): exact conditional p = 0.052.

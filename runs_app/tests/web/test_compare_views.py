@@ -95,7 +95,7 @@ def test_it_links_heat_map_cells_to_their_trials(member_client, run):
 
 
 def test_it_paginates_the_heat_map_and_serves_its_fragment(member_client, run, monkeypatch):
-    monkeypatch.setattr(compare_views, "HEATMAP_PAGE", 2)
+    monkeypatch.setattr(compare_views, "HEATMAP_ROWS", (1, 2))
     response = member_client.get(compare_url(run, page=2))
     assert [row["task"].slug for row in response.context["heat_rows"]] == ["gamma"]
     assert "tasks 3–3 of 3" in response.content.decode()
@@ -106,6 +106,14 @@ def test_it_paginates_the_heat_map_and_serves_its_fragment(member_client, run, m
     assert html.lstrip().startswith('<div id="heatmap">') and "<html" not in html
     assert "HX-Request" in fragment["Vary"]
     assert "alpha" in html and "gamma" not in html.split("</table>")[0]
+
+
+def test_a_heat_map_page_holds_fewer_tasks_the_more_arms_it_shows(member_client, run, monkeypatch):
+    monkeypatch.setattr(compare_views, "HEATMAP_ROWS", (1, 50))
+    monkeypatch.setattr(compare_views, "HEATMAP_CELLS", 4)  # two arms: two tasks a page
+    response = member_client.get(compare_url(run))
+    assert len(response.context["comparison"].arms) == 2
+    assert [row["task"].slug for row in response.context["heat_rows"]] == ["alpha", "beta"]
 
 
 def test_it_lists_changed_and_flaky_tasks_up_to_a_limit(member_client, monkeypatch):
