@@ -14,6 +14,7 @@ from functools import wraps
 from typing import Annotated, Any, Literal
 
 from django.contrib.auth.views import redirect_to_login
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
@@ -323,7 +324,7 @@ def list_trials(request: HttpRequest, query: Query[TrialQuery], run_id: int = Ru
     run = _get_run(run_id)
     trials = _trials_of(run, query)
     if query.format == "csv":
-        return _trials_csv(run, trials)
+        return _trials_csv(request, run, trials)
     total = trials.count()
     start = (query.page - 1) * query.page_size
     more = start + query.page_size < total
@@ -432,8 +433,10 @@ def _trials_of(run: Run, query: TrialQuery):
     return trials
 
 
-def _trials_csv(run: Run, trials) -> StreamingHttpResponse:
-    lines = exports.csv_lines(exports.trial_rows(trials, chunk_size=500), exports.TRIAL_COLUMNS)
+def _trials_csv(request: HttpRequest, run: Run, trials) -> StreamingHttpResponse:
+    lines = exports.trials_csv(trials, chunk_size=500)
+    if isinstance(request, ASGIRequest):
+        lines = exports.pulled(lines)
     response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trials.csv"'
     return response

@@ -1,5 +1,9 @@
 """Trials as rows: the one shape every export, the API and the reports use, one CSV escaper,
 and streaming CSV / JSON writers (100,000 trials never sit in memory at once).
+
+On PostgreSQL the trials' CSV is written by the database (`COPY ... TO STDOUT`), with the same
+columns and the same formula escaping: Python's writer manages about 17,000 rows a second. Both
+read back to the same cells (tested).
 """
 
 from __future__ import annotations
@@ -7,10 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.db.models import F, Func, TextField
 from django.urls import reverse
 
 # Column -> the Trial field it reads (the CSV header is the keys, in this order).
@@ -40,17 +47,24 @@ _FIELDS = {
     "started_at": "started_at",
     "finished_at": "finished_at",
 }
+# The columns that hold text (agent output among them): escaped against formulas.
+_TEXT_COLUMNS = ("variant", "task", "dataset_row_id", "status", "budget_exceeded", "error_category",
+                 "error_message", "config_fingerprint")  # fmt: skip
 # `label` is Trial.label (task[row]#replicate); `url` the trial page's path.
 TRIAL_COLUMNS = [*_FIELDS, "label", "url"]
 # Characters that make a spreadsheet read a cell as a formula.
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
+def _trial_url_template() -> str:
+    """The trial page's path with {run} and {id} to fill (reverse() costs 10 µs a call)."""
+    url = reverse("trial_detail", args=[987654321, 123456789])
+    return url.replace("987654321", "{run}").replace("123456789", "{id}")
+
+
 def trial_rows(trials, chunk_size: int = 2000) -> Iterator[dict[str, Any]]:
     """One flat dict per trial of the queryset, in its order, with the TRIAL_COLUMNS keys."""
-    # One reverse() for the whole export (it costs 10 µs a call): a template of the path.
-    url = reverse("trial_detail", args=[987654321, 123456789])
-    url = url.replace("987654321", "{run}").replace("123456789", "{id}")
+    url = _trial_url_template()
     for values in trials.values_list(*_FIELDS.values()).iterator(chunk_size=chunk_size):
         row = dict(zip(_FIELDS, values, strict=True))
         suffix = f"[{row['dataset_row_id']}]" if row["dataset_row_id"] else ""
@@ -94,6 +108,89 @@ def csv_lines(rows: Iterable[dict[str, Any]], columns: Sequence[str], batch: int
             buffer.truncate()
             pending = 0
     yield buffer.getvalue()
+
+
+def trials_csv(trials, chunk_size: int = 2000) -> Iterator[str | bytes]:
+    """The CSV of a trial queryset, in its order, with the TRIAL_COLUMNS header."""
+    if connection.vendor == "postgresql":
+        return _copied_csv(trials)
+    return csv_lines(trial_rows(trials, chunk_size=chunk_size), TRIAL_COLUMNS)
+
+
+class _Sql(Func):
+    """A column of the COPY: `sql` with {0}, {1}, ... standing for the column expressions."""
+
+    def __init__(self, sql: str, *expressions):
+        super().__init__(*expressions, output_field=TextField())
+        self.sql = sql
+
+    def as_sql(self, compiler, connection, **extra_context):
+        parts = []
+        for expression in self.get_source_expressions():
+            part, params = compiler.compile(expression)
+            if params:
+                raise ValueError("a COPY column reads columns only")
+            parts.append(part)
+        return self.sql.format(*parts), []
+
+
+def _safe(sql: str) -> str:
+    """csv_safe in SQL: a quote before a formula start; NULL for "" (written empty and
+    unquoted, as Python writes it: COPY quotes an empty string)."""
+    starts = ", ".join(f"chr({ord(c)})" for c in _FORMULA_STARTS)
+    return f"NULLIF(CASE WHEN left({sql}, 1) IN ({starts}) THEN chr(39) || {sql} ELSE {sql} END, '')"
+
+
+def _copy_columns() -> dict[str, Any]:
+    """TRIAL_COLUMNS as SQL, each written as trial_rows + csv_lines write it."""
+
+    def text(field: str) -> _Sql:
+        return _Sql(_safe("{0}"), F(field))
+
+    def moment(field: str) -> _Sql:  # str() of an aware UTC datetime
+        return _Sql("to_char({0} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US\"+00:00\"')", F(field))
+
+    url = _trial_url_template().replace("'", "''").format(run="' || {0} || '", id="' || {1} || '")
+    label = "({0} || CASE WHEN coalesce({1}, '') <> '' THEN '[' || {1} || ']' ELSE '' END || '#' || {2})"
+    columns: dict[str, Any] = {name: F(field) for name, field in _FIELDS.items()}
+    for name in _TEXT_COLUMNS:
+        columns[name] = text(_FIELDS[name])
+    columns["started_at"], columns["finished_at"] = moment("started_at"), moment("finished_at")
+    columns["timed_out"] = _Sql("CASE WHEN {0} THEN 'True' ELSE 'False' END", F("timed_out"))
+    columns["label"] = _Sql(_safe(label), F("task_version__task__slug"), F("dataset_row_id"), F("replicate"))
+    columns["url"] = _Sql(f"'{url}'", F("run_id"), F("pk"))
+    return columns
+
+
+def _copied_csv(trials, block_bytes: int = 65_536) -> Iterator[str | bytes]:
+    names = [f"csv_{i}" for i in range(len(TRIAL_COLUMNS))]
+    columns = _copy_columns()
+    query = trials.annotate(
+        **{name: columns[column] for name, column in zip(names, TRIAL_COLUMNS, strict=True)}
+    )
+    sql, params = query.values_list(*names).query.sql_with_params()
+    yield ",".join(TRIAL_COLUMNS) + "\r\n"
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)", params) as copy,
+    ):
+        pending, size = [], 0
+        for block in copy:
+            pending.append(bytes(block))
+            size += len(block)
+            if size >= block_bytes:
+                yield b"".join(pending)
+                pending, size = [], 0
+        yield b"".join(pending)
+
+
+async def pulled(chunks: Iterable[str | bytes]) -> AsyncIterator[str | bytes]:
+    """A download for an ASGI server, a chunk at a time: given a sync iterator, Django's
+    StreamingHttpResponse reads it to the end into memory before it sends a byte."""
+    iterator = iter(chunks)
+    step = sync_to_async(next, thread_sensitive=True)
+    while (chunk := await step(iterator, None)) is not None:
+        yield chunk
 
 
 def json_array(rows: Iterable[dict[str, Any]]) -> Iterator[str]:

@@ -4,12 +4,13 @@ All state lives in the query string (baseline, tags, heat-map page, runs), so a 
 shared by copying its URL; `?format=csv|json&table=summary|trials` downloads the same data.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
@@ -129,7 +130,7 @@ def _comparison_response(
     stem = _file_stem(experiment, runs)
     if options.get("format") in ("csv", "json") and options.get("table") == "trials":
         task_ids = [task.task_id for task in data.tasks if set(tags) & set(task.tags)] if tags else None
-        return _trials_download(_current_trials(runs, task_ids), options["format"], stem)
+        return _trials_download(request, _current_trials(runs, task_ids), options["format"], stem)
     result = comparison(
         runs, baseline=options.get("baseline") or None, tags=tags, cluster=options.get("cluster") or "unit"
     )
@@ -179,19 +180,21 @@ def _summary_download(result: Comparison, fmt: str, stem: str) -> HttpResponse:
     return response
 
 
-def _current_trials(runs: Sequence[Run], task_ids: list[int] | None) -> Iterator[dict]:
+def _current_trials(runs: Sequence[Run], task_ids: list[int] | None):
     trials = Trial.objects.filter(run__in=list(runs)).current().order_by("pk")
     if task_ids is not None:
         trials = trials.filter(task_version__task_id__in=task_ids)
-    return exports.trial_rows(trials)
+    return trials
 
 
-def _trials_download(rows: Iterator[dict], fmt: str, stem: str) -> StreamingHttpResponse:
+def _trials_download(request: HttpRequest, trials, fmt: str, stem: str) -> StreamingHttpResponse:
     """Streams the per-trial table: 100,000 trials never sit in memory at once."""
     if fmt == "json":
-        content, content_type = exports.json_array(rows), "application/json"
+        content, content_type = exports.json_array(exports.trial_rows(trials)), "application/json"
     else:
-        content, content_type = exports.csv_lines(rows, exports.TRIAL_COLUMNS), "text/csv; charset=utf-8"
+        content, content_type = exports.trials_csv(trials), "text/csv; charset=utf-8"
+    if isinstance(request, ASGIRequest):
+        content = exports.pulled(content)
     response = StreamingHttpResponse(content, content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="{stem}-trials.{fmt}"'
     return response

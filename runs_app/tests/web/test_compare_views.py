@@ -5,7 +5,9 @@ import io
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.staticfiles import finders
+from django.test import AsyncClient
 from django.urls import reverse
 
 from runs_app.models import Run, Trial
@@ -152,6 +154,22 @@ def test_it_streams_the_trials_as_csv_and_json(member_client, run):
     response = member_client.get(compare_url(run, format="json", table="trials"))
     trials = json.loads(b"".join(response.streaming_content))
     assert len(trials) == 8 and {t["status"] for t in trials} == {"passed", "failed", "error"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_asgi_the_trials_csv_is_streamed_not_read_into_memory_first(member, run):
+    async def fetch():
+        client = AsyncClient()
+        await client.aforce_login(member)
+        response = await client.get(compare_url(run, format="csv", table="trials"))
+        chunks = [chunk async for chunk in response.streaming_content]
+        return response.is_async, chunks
+
+    is_async, chunks = async_to_sync(fetch)()
+
+    assert is_async  # a sync iterator would be read whole before the first byte went out
+    rows = list(csv.DictReader(io.StringIO(b"".join(chunks).decode())))
+    assert len(rows) == 8 and rows[0]["task"] == "alpha"
 
 
 def test_it_keeps_formulas_out_of_csv_cells(member_client):
