@@ -130,17 +130,44 @@ def execute(trial_id: int, worker: str) -> str | None:
     chain_until = time.monotonic() + CHAIN_SECONDS
     if not runner.claim(trial_id, worker):
         return None
-    _publish_trial(trial_id)
-    status, run_id = runner.run_claimed(trial_id, worker, rollup.add_finished)
-    next_id = after_trial(run_id, (), reserve=True)
+    status, next_id = _run_claimed(trial_id, worker, reserve=True)
     while next_id is not None:
         if not runner.claim(next_id, worker):
             release(next_id)
             break
-        _publish_trial(next_id)
-        _, run_id = runner.run_claimed(next_id, worker, rollup.add_finished)
-        next_id = after_trial(run_id, (), reserve=time.monotonic() < chain_until)
+        _, next_id = _run_claimed(next_id, worker, reserve=time.monotonic() < chain_until)
     return status
+
+
+class _AfterStored:
+    """What follows a stored outcome, in the transaction that stores it (the run's row is
+    locked there already): count it, stop a failing run, fill the freed slot (reserving the
+    next trial when asked) or mark the run for finishing. One transaction a trial, not two."""
+
+    def __init__(self, reserve: bool):
+        self.reserve = reserve
+        self.stored = self.finish = False
+        self.next_id: int | None = None
+
+    def __call__(self, run: Run, trial: Trial, criteria) -> None:
+        rollup.add_finished(run, trial, criteria)
+        self.stored = True
+        _fail_fast(run)
+        if _nothing_left(run):
+            self.finish = True
+        else:
+            self.next_id = _dispatch_locked(run, self.reserve)
+
+
+def _run_claimed(trial_id: int, worker: str, reserve: bool) -> tuple[str | None, int | None]:
+    """Run a claimed trial; returns its stored status and the reserved trial to run next."""
+    after = _AfterStored(reserve)
+    status, run_id = runner.run_claimed(trial_id, worker, after)
+    if not after.stored:  # the lease was lost: the trial's new owner counts it
+        return status, after_trial(run_id, (), reserve=reserve)
+    if after.finish:
+        finish_run(run_id)
+    return status, after.next_id
 
 
 def error_groups(run: Run, limit: int = 10) -> list[dict]:
@@ -179,13 +206,6 @@ def _fail_fast(run: Run) -> None:
     )
     rollup.recount(run)
     logger.warning("run %s: %s", run.pk, run.stop_reason)
-
-
-def _publish_trial(trial_id: int) -> None:
-    """A claimed trial shows as running on its run's and its own page."""
-    run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
-    if run_id is not None:
-        live.publish(run_id, trial_id)
 
 
 # --- finishing ------------------------------------------------------------------------------------
