@@ -1,8 +1,8 @@
 """Agents in flight per worker host: trials whose agent is `sleep 1`, run by worker processes that
 supervise many trials each in threads (WORKER_SLOTS).
 
-Usage: .venv/bin/python bench/in_flight.py [SLOTS ...] [--processes P] [--rounds R]
-       (default: 64 128 256, one process, 4 rounds: SLOTS x R trials)
+Usage: .venv/bin/python bench/in_flight.py [SLOTS ...] [--processes P] [--rounds R] [--agent-seconds S]
+       (default: 64 128 256, one process, 4 rounds: SLOTS x R trials, agents of 1 s)
 Embedded default (scratch SQLite + filesystem broker) unless DATABASE_URL / CELERY_BROKER_URL
 are set (then they must point at scratch services). Prints, per setting:
 - throughput: trials finished per second between the first and the last quarter of the run,
@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ success_criteria:
 EXPERIMENT = """experiment_id: in-flight
 variants:
   - variant_id: sleeper
-    agent: {type: command, command: "sleep 1 && echo ok > done.txt"}
+    agent: {type: command, command: "sleep SECONDS && echo ok > done.txt"}
 """
 
 
@@ -87,6 +88,8 @@ def main() -> None:
     parser.add_argument("slots", nargs="*", type=int, default=[64, 128, 256])
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--agent-seconds", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up on a setting after this long")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evalsite-inflight-") as tmp:
         tmp_path = Path(tmp)
@@ -108,7 +111,7 @@ def main() -> None:
         call_command("migrate", verbosity=0)
         (tmp_path / "suite" / "tasks" / "sleepy").mkdir(parents=True)
         (tmp_path / "suite" / "tasks" / "sleepy" / "task.yaml").write_text(TASK)
-        (tmp_path / "suite" / "exp.yaml").write_text(EXPERIMENT)
+        (tmp_path / "suite" / "exp.yaml").write_text(EXPERIMENT.replace("SECONDS", f"{args.agent_seconds:g}"))
         import_tasks([tmp_path / "suite" / "tasks"])
         experiment = import_experiment(tmp_path / "suite" / "exp.yaml").experiment
         database = "PostgreSQL" if os.environ.get("DATABASE_URL") else "SQLite"
@@ -143,6 +146,9 @@ def main() -> None:
                 started = time.time()
                 run = launch_run(experiment, options=options)
                 while not Run.objects.get(pk=run.pk).is_final:
+                    if time.time() - started > args.timeout:
+                        done = Trial.objects.filter(run=run, status="passed").count()
+                        sys.exit(f"slots {slots}: {done}/{n} passed after {args.timeout:.0f} s ({tmp_path})")
                     time.sleep(0.2)
                 elapsed = time.time() - started
             finally:
@@ -154,12 +160,17 @@ def main() -> None:
                 t.timestamp() for t in Trial.objects.filter(run=run).values_list("finished_at", flat=True)
             )
             passed = Trial.objects.filter(run=run, status="passed").count()
+            others = Counter(
+                Trial.objects.filter(run=run).exclude(status="passed").values_list("status", "error_message")
+            )
+            for (status, message), count in others.most_common(5):
+                print(f"  {count} {status}: {message[:300]}")
             lo, hi = finished[len(finished) // 4], finished[3 * len(finished) // 4]
             middle = (3 * len(finished) // 4 - len(finished) // 4) / (hi - lo) if hi > lo else 0.0
-            ideal = slots * args.processes
+            ideal = slots * args.processes / args.agent_seconds
             print(
                 f"slots {slots} x {args.processes}: {passed}/{n} passed in {elapsed:.1f} s; "
-                f"throughput {middle:.1f} trials/s of ideal {ideal} ({100 * middle / ideal:.0f}%); "
+                f"throughput {middle:.1f} trials/s of ideal {ideal:.1f} ({100 * middle / ideal:.0f}%); "
                 f"peak RSS worker {peak[0] / 1024:.0f} MB, with agents {peak[1] / 1024:.0f} MB"
             )
 

@@ -201,7 +201,8 @@ if DATABASE_URL:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            # Django's, with a process's write transactions taken in turn (evalsite/sqlite).
+            "ENGINE": "evalsite.sqlite",
             "NAME": Path(env_str("SQLITE_PATH", str(VAR_DIR / "evalsite.sqlite3"))),
             # Kept open (a file, no server slot to give back): reopening it per task, with its
             # pragmas, cost a worker ~2 ms a trial.

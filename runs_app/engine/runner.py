@@ -671,7 +671,10 @@ class TrialExecution:
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
                 should_stop=should_stop,
-                poll_interval=0.1,
+                # Output is acted on as it comes (see sandbox.run_process); the clock is for the
+                # rest: cancel, a lost lease, the gateway's budget, the disk. A tenth of a second
+                # cost a worker of 256 agents a core in wakeups.
+                poll_interval=1.0,
             )
         if model_gateway is not None:
             model_gateway.settle()

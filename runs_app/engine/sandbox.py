@@ -330,7 +330,8 @@ def run_process(
     A str `argv` runs through `/bin/sh -c`. stdin is /dev/null unless bytes are given (some CLIs
     wait forever on an open stdin). Every stdout line (cut at `max_line_bytes`) goes to
     `on_stdout_line` as it arrives, even past the stored cap; the callback runs on this thread.
-    `should_stop` is polled every `poll_interval` seconds; a non-None reason stops the command
+    `should_stop` is polled every `poll_interval` seconds and after each read of stdout (so what
+    `on_stdout_line` saw is acted on at once); a non-None reason stops the command
     like the wall timeout does: SIGTERM to its group, SIGKILL after `limits.kill_grace_seconds`.
     When the main process has ended, everything it left running is killed.
 
@@ -509,6 +510,8 @@ class _Supervisor:
                 data = os.read(key.fd, _READ_CHUNK)
                 if data:
                     key.data.feed(data)
+                    if key.data is self.out:  # what the lines told the callback is acted on now
+                        self.next_poll = 0.0
                 else:
                     self.selector.unregister(key.fd)
 

@@ -238,6 +238,25 @@ def test_it_kills_a_process_that_ignores_sigterm(trial):
     assert result.duration_seconds < 3
 
 
+def test_what_a_line_tells_the_callback_stops_the_process_at_once_not_at_the_next_poll(trial):
+    lines: list[str] = []
+    started = time.monotonic()
+
+    result = run_process(
+        "echo decided; sleep 20",
+        cwd=trial.workspace,
+        env=env_for(trial),
+        **box(trial),
+        limits=quick(kill_grace_seconds=0.5),
+        on_stdout_line=lines.append,
+        should_stop=lambda: "budget" if "decided" in lines else None,
+        poll_interval=30.0,
+    )
+
+    assert result.stop_reason == "budget" and lines == ["decided"]
+    assert time.monotonic() - started < 5  # not 20 s of sleep, nor a 30 s poll
+
+
 def test_it_keeps_writes_to_home_inside_the_sandbox(trial):
     result = run_process(
         'echo note > "$HOME/written.txt"; mkdir -p ~/.config/tool; echo x > ~/.config/tool/rc; '
