@@ -213,14 +213,20 @@ class Recorder:
         if flush:
             self.flush()
 
-    def flush(self) -> None:
-        if self.buffer:
-            TrialEvent.objects.bulk_create(self.buffer)
+    def flush(self) -> bool:
+        """Write the buffered events; True when there were some and their pages were told."""
+        wrote = bool(self.buffer)
+        if wrote:
+            # The events and their notice commit together (a notice outside the transaction was
+            # a commit of its own); inside the outcome's transaction, as part of it.
+            with transaction.atomic(savepoint=False):
+                TrialEvent.objects.bulk_create(self.buffer)
+                if self.run_id is not None:  # the trial page streams its transcript
+                    live.publish(self.run_id, self.trial_id)
             self.buffer = []
-            if self.run_id is not None:  # the trial page streams its transcript
-                live.publish(self.run_id, self.trial_id)
             release_connection()
         self.last_flush = time.monotonic()
+        return wrote and self.run_id is not None
 
 
 def release_connection() -> None:
@@ -990,8 +996,9 @@ class TrialExecution:
             if stored != 1:
                 logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
                 return False
-            self.recorder.flush()  # the last events land with the outcome, or not at all
-            live.publish(self.trial.run_id, self.trial.pk)
+            # The last events land with the outcome, or not at all; their notice tells the pages.
+            if not self.recorder.flush():
+                live.publish(self.trial.run_id, self.trial.pk)
             rows = criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
             CriterionResult.objects.bulk_create(rows)
             if on_stored is not None:
