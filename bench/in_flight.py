@@ -168,8 +168,10 @@ def main() -> None:
             lo, hi = finished[len(finished) // 4], finished[3 * len(finished) // 4]
             middle = (3 * len(finished) // 4 - len(finished) // 4) / (hi - lo) if hi > lo else 0.0
             ideal = slots * args.processes / args.agent_seconds
+            agents_alone = args.rounds * args.agent_seconds
             print(
-                f"slots {slots} x {args.processes}: {passed}/{n} passed in {elapsed:.1f} s; "
+                f"slots {slots} x {args.processes}: {passed}/{n} passed in {elapsed:.1f} s "
+                f"(the agents alone: {agents_alone:.0f} s); "
                 f"throughput {middle:.1f} trials/s of ideal {ideal:.1f} ({100 * middle / ideal:.0f}%); "
                 f"peak RSS worker {peak[0] / 1024:.0f} MB, with agents {peak[1] / 1024:.0f} MB"
             )

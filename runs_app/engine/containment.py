@@ -188,8 +188,10 @@ _UNSWEPT: set[int] = set()
 
 
 def _uid_range() -> range:
-    """`EVALSITE_SANDBOX_UIDS` as "first-last" (default 64000-64255: no system account there)."""
-    spec = os.environ.get("EVALSITE_SANDBOX_UIDS", "64000-64255")
+    """`EVALSITE_SANDBOX_UIDS` as "first-last": one uid per trial in flight on the host, shared
+    by its worker processes (default 64000-65023, 1,024 trials; no system account there, and
+    65534 is nobody's)."""
+    spec = os.environ.get("EVALSITE_SANDBOX_UIDS", "64000-65023")
     try:
         first, last = (int(part) for part in spec.split("-"))
     except ValueError:
