@@ -1,12 +1,12 @@
-"""Agents in flight per worker host: trials whose agent is `sleep 1`, run by worker processes that
-supervise many trials each in threads (WORKER_SLOTS).
+"""Agents in flight per worker host: trials whose agent sleeps (1 s, or `--agent-seconds`), run by
+worker processes that supervise many trials each in threads (WORKER_SLOTS).
 
 Usage: .venv/bin/python bench/in_flight.py [SLOTS ...] [--processes P] [--rounds R] [--agent-seconds S]
        (default: 64 128 256, one process, 4 rounds: SLOTS x R trials, agents of 1 s)
 Embedded default (scratch SQLite + filesystem broker) unless DATABASE_URL / CELERY_BROKER_URL
 are set (then they must point at scratch services). Prints, per setting:
 - throughput: trials finished per second between the first and the last quarter of the run,
-  against the ideal (every slot busy with a 1 s agent: P x SLOTS per second);
+  against the ideal (every slot busy: P x SLOTS / agent seconds per second);
 - the peak RSS of the worker processes (the harness), and of everything in their process
   groups (the harness plus the agents' bwrap, sh and sleep).
 Targets (issue 13): 256 in flight on one host at >= 90% of ideal and <= 1.5 GB worker RSS;

@@ -152,11 +152,7 @@ class _AfterStored:
     def __call__(self, run: Run, trial: Trial, criteria) -> None:
         rollup.add_finished(run, trial, criteria)
         self.stored = True
-        _fail_fast(run)
-        if _nothing_left(run):
-            self.finish = True
-        else:
-            self.next_id = _dispatch_locked(run, self.reserve)
+        self.next_id, self.finish = _follow_up(run, self.reserve)
 
 
 def _run_claimed(trial_id: int, worker: str, reserve: bool) -> tuple[str | None, int | None]:
@@ -225,12 +221,21 @@ def after_trial(run_id: int, trial_ids: Sequence[int] | None = None, reserve: bo
         run = Run.objects.select_for_update().get(pk=run_id)
         if trial_ids is None or trial_ids:
             rollup.recount(run, trial_ids)
-        _fail_fast(run)
         live.publish(run_id)
-        if not _nothing_left(run):
-            return _dispatch_locked(run, reserve)
-    finish_run(run_id)
-    return None
+        next_id, finish = _follow_up(run, reserve)
+    if finish:
+        finish_run(run_id)
+    return next_id
+
+
+def _follow_up(run: Run, reserve: bool) -> tuple[int | None, bool]:
+    """With the run's row locked and its counts current: stop it if it fails fast, then fill
+    its free slots, returning the trial reserved for the caller, or say that nothing is left
+    (the caller finishes the run once the lock is released)."""
+    _fail_fast(run)
+    if _nothing_left(run):
+        return None, True
+    return _dispatch_locked(run, reserve), False
 
 
 def refresh_run(run_id: int) -> Run:
