@@ -7,11 +7,14 @@ Production sets DATABASE_URL and CELERY_BROKER_URL.
 
 import os
 import secrets
+import socket
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from evalsite.versioning import code_version, trial_queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -181,6 +184,9 @@ ASGI_APPLICATION = "evalsite.asgi.application"
 # Python process. Its threads share the process's database pool (DATABASE_POOL_MAX_SIZE on
 # PostgreSQL) and give their connection back while they wait.
 WORKER_SLOTS = env_int("WORKER_SLOTS", 0, minimum=0)
+# The worker host's name, recorded on its trials and on the workers page (hosts in containers or
+# network namespaces share a kernel hostname: name them here).
+WORKER_HOST = env_str("EVALSITE_HOST") or socket.gethostname()
 
 DATABASE_URL = env_str("DATABASE_URL")
 # The ASGI web process's connections to PostgreSQL, and a WORKER_SLOTS worker's: a psycopg pool of
@@ -250,8 +256,28 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns at start-up when it is missing
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
+# Artifacts (kept workspaces) go to S3-compatible object storage when a bucket is named, so that
+# worker hosts share nothing with the web host but the services (docs/deploy.md); to MEDIA_ROOT
+# otherwise. The credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
+# or the host's role, as boto3 finds them.
+S3_BUCKET = env_str("EVALSITE_S3_BUCKET")
 STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "default": (
+        {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {
+                "bucket_name": S3_BUCKET,
+                "endpoint_url": env_str("EVALSITE_S3_ENDPOINT_URL") or None,
+                "region_name": env_str("EVALSITE_S3_REGION") or None,
+                "location": env_str("EVALSITE_S3_PREFIX", ""),
+                "default_acl": None,
+                "file_overwrite": False,
+                "querystring_auth": True,
+            },
+        }
+        if S3_BUCKET
+        else {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+    ),
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
@@ -339,6 +365,11 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Every worker takes the shared queue (dispatch, heartbeats, trials of runs that accept any code
+# version) and its own code version's queue: a run's trials go to the queue of the version it was
+# launched on, so a rolling upgrade never mixes two versions' results in one run.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = {"celery": {}, trial_queue(code_version()): {}}
 CELERY_TIMEZONE = TIME_ZONE
 
 # --- evalsite ----------------------------------------------------------------
@@ -349,6 +380,8 @@ EXAMPLES_DIR = BASE_DIR / "examples"
 # Per-trial sandbox folders (workspace, HOME, /tmp), outside the checkout: every parent must be
 # searchable by other users (a root worker's sandbox uid), the folder itself lists to nobody.
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/evalsite-sandboxes"))
+# Task bundles a worker host has fetched from the database, one file per digest.
+BUNDLE_CACHE_DIR = Path(env_str("BUNDLE_CACHE_DIR", str(VAR_DIR / "bundles")))
 # Memory of one sandboxed command's whole process tree (cgroup), unless sandbox.limits says.
 SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 # Disk use of a trial's workspace, HOME and /tmp together, unless sandbox.limits.max_disk_mb says.

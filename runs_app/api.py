@@ -188,6 +188,9 @@ class LaunchIn(Schema):
     seed: int | None = Field(None, ge=0, le=MAX_ID)
     agent_type: AgentKindName | None = Field(None, description="agent kind for every variant")
     model: ModelName | None = Field(None, description="model for every variant")
+    any_code_version: bool | None = Field(
+        None, description="let workers of any code version run its trials (default: only the web's own)"
+    )
 
 
 class CountsOut(Schema):

@@ -24,6 +24,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Substr
 from django.utils import timezone
 
+from evalsite.versioning import trial_queue
 from runs_app import live
 from runs_app.analysis import gates, rollup
 from runs_app.analysis.load import run_facts
@@ -110,9 +111,18 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     )
     Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
     reserved = ids.pop(0) if reserve and ids else None
+    queue = trial_queue_of(run)
     for trial_id in ids:
-        transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,)))
+        transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,), queue=queue))
     return reserved
+
+
+def trial_queue_of(run: Run) -> str:
+    """Where a run's trials are sent: the queue of its code version's workers, or the shared
+    queue for a run that accepts any version (and for runs recorded before versions were)."""
+    if run.any_code_version or not run.code_version:
+        return settings.CELERY_TASK_DEFAULT_QUEUE
+    return trial_queue(run.code_version)
 
 
 def release(trial_id: int) -> None:

@@ -19,6 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 import evalsite
+from evalsite.versioning import code_version
 from experiments_app.definitions import may_define_agents, privileged_agent
 from experiments_app.models import Experiment, TaskVersion, Variant
 from experiments_app.specs.resolve import (
@@ -60,6 +61,7 @@ class LaunchOptions:
     keep_artifacts: bool = False
     agent_type: str | None = None  # -T: for every variant
     model: str | None = None  # -m: for every variant
+    any_code_version: bool = False  # let workers of other code versions take its trials
 
 
 def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
@@ -81,6 +83,8 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
             max_parallel=options.max_parallel or experiment.max_parallel,
             sample_seed=seed,
             keep_artifacts=options.keep_artifacts,
+            code_version=code_version(),
+            any_code_version=options.any_code_version,
             gates=list(experiment.gates),
             started_by=user,
         )

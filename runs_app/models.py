@@ -55,6 +55,10 @@ class Run(models.Model):
     keep_artifacts = models.BooleanField(default=False)
     historical = models.BooleanField(default=False, help_text="Imported results: read-only")
     cancel_requested = models.BooleanField(default=False)
+    # The code version it was launched on: its trials go only to workers running that version
+    # (a rolling upgrade keeps one run's results comparable), unless any_code_version says so.
+    code_version = models.CharField(max_length=64, blank=True)
+    any_code_version = models.BooleanField(default=False)
     # Why the run stopped before its end, in words (fail-fast: the error every trial hit).
     stop_reason = models.TextField(blank=True)
     # Its UnitTally rows are complete (runs from before the tallies are rolled up when first read).
@@ -179,6 +183,8 @@ class Trial(models.Model):
     dispatched_at = models.DateTimeField(null=True, blank=True, help_text="When an execute message was sent")
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The worker host of its latest claim.
+    host = models.CharField(max_length=200, blank=True)
     # The resolved configuration this trial runs with, and which layer set each field.
     config = models.JSONField(default=dict)
     lineage = models.JSONField(default=dict, blank=True)
@@ -406,10 +412,15 @@ class ApiToken(models.Model):
 
 
 class Worker(models.Model):
-    """A Celery worker that answered recently (shown on the dashboard; proves the queue works)."""
+    """A Celery worker process, as it last reported itself (the workers page, the run page's
+    banner): its host, how many trials it runs at once, its code and agent CLI versions."""
 
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=200, blank=True)
+    slots = models.PositiveIntegerField(default=0)
+    code_version = models.CharField(max_length=64, blank=True)
+    agent_versions = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
 
     class Meta:

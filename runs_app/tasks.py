@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -15,8 +16,9 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from evalsite.versioning import code_version
 from runs_app import control
-from runs_app.engine import runner
+from runs_app.engine import hosts, runner
 from runs_app.models import Worker
 
 logger = logging.getLogger(__name__)
@@ -41,29 +43,39 @@ def reap_expired_leases() -> None:
 def record_heartbeat(name: str) -> None:
     """Mark a worker as alive; also the smallest task that proves the queue works end to end."""
     Worker.objects.update_or_create(
-        name=name, defaults={"hostname": socket.gethostname(), "last_seen_at": timezone.now()}
+        name=name, defaults={"hostname": settings.WORKER_HOST, "last_seen_at": timezone.now()}
     )
 
 
 @worker_ready.connect
 def _reap_at_start(sender, **kwargs) -> None:
     """A worker that starts after a crash recovers the dead worker's trials without waiting for
-    beat, and removes the sandbox folders they left on this host. Then it reports that it is
-    alive every WORKER_HEARTBEAT_SECONDS, from its main process (the run page's worker banner)."""
+    beat, and removes the sandbox folders they left on this host. Then it reports itself (host,
+    slots, code and agent versions) every WORKER_HEARTBEAT_SECONDS, from its main process (the
+    workers page, the run page's worker banner)."""
     runner.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
-    threading.Thread(target=_beat, args=(sender.hostname,), name="worker-heartbeat", daemon=True).start()
+    slots = settings.WORKER_SLOTS or getattr(getattr(sender, "controller", None), "concurrency", 0) or 0
+    threading.Thread(
+        target=_beat, args=(sender.hostname, slots), name="worker-heartbeat", daemon=True
+    ).start()
 
 
-def _beat(name: str) -> None:
+def _beat(name: str, slots: int) -> None:
+    started = timezone.now()
+    versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
     while True:
-        time.sleep(settings.WORKER_HEARTBEAT_SECONDS)
         try:
             Worker.objects.update_or_create(
-                name=name, defaults={"hostname": socket.gethostname(), "last_seen_at": timezone.now()}
-            )
+                name=name,
+                defaults={
+                    "hostname": settings.WORKER_HOST, "slots": slots, "code_version": code_version(),
+                    "agent_versions": versions, "started_at": started, "last_seen_at": timezone.now(),
+                },
+            )  # fmt: skip
         except Exception:  # a database restart: report on the next beat
             logger.warning("worker heartbeat failed", exc_info=True)
         finally:
             close_old_connections()
+        time.sleep(settings.WORKER_HEARTBEAT_SECONDS)

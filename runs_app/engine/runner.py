@@ -33,16 +33,17 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import F, Subquery
+from django.db.models import F, Q, Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from experiments_app.models import Bundle
+from evalsite.versioning import code_version
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
 from runs_app.engine import agents, criteria, environments, gateway, sandbox, workspace
 from runs_app.engine.agents import base as agent_base
 from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
+from runs_app.engine.bundle_cache import bundle_blob
 from runs_app.engine.criteria import early_stop
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
@@ -115,13 +116,18 @@ def claim(trial_id: int, worker: str) -> bool:
     by the +1."""
     now = timezone.now()
     with transaction.atomic():
-        claimed = Trial.objects.filter(
-            pk=trial_id, status=Trial.Status.QUEUED, run__cancel_requested=False
-        ).update(
-            status=Trial.Status.RUNNING,
-            lease_owner=worker,
-            lease_expires_at=now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS),
-            started_at=now,
+        claimed = (
+            Trial.objects.filter(pk=trial_id, status=Trial.Status.QUEUED, run__cancel_requested=False)
+            # A message that reached a worker of another code version (sent before a run was
+            # recorded, or by hand) is left for a worker of the run's own version.
+            .filter(Q(run__any_code_version=True) | Q(run__code_version__in=["", code_version()]))
+            .update(
+                status=Trial.Status.RUNNING,
+                lease_owner=worker,
+                host=settings.WORKER_HOST,
+                lease_expires_at=now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS),
+                started_at=now,
+            )
         )
         if claimed == 1:
             Run.objects.filter(pk=Subquery(Trial.objects.filter(pk=trial_id).values("run_id")[:1])).update(
@@ -135,9 +141,7 @@ def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -
     when the lease was lost before saving: another attempt owns the trial) and the run's id.
     `on_stored(run, trial, criteria)` runs in the transaction that stores the outcome, with
     the run's row locked (the caller counts the outcome there: exactly once)."""
-    trial = Trial.objects.select_related("run", "variant", "task_version__bundle", "task_version__task").get(
-        pk=trial_id
-    )
+    trial = Trial.objects.select_related("run", "variant", "task_version__task").get(pk=trial_id)
     if trial.run.status == trial.run.Status.QUEUED:
         Run.objects.mark_started(trial.run_id)
     execution = TrialExecution(trial, worker)
@@ -173,10 +177,18 @@ class Recorder:
     """Buffers a trial's events and writes them in small batches (capped per trial)."""
 
     def __init__(
-        self, trial_id: int, secrets: list[str], first_attempt: bool = False, run_id: int | None = None
+        self,
+        trial_id: int,
+        secrets: list[str],
+        first_attempt: bool = False,
+        run_id: int | None = None,
+        lease: "Heartbeat | None" = None,
     ):
         self.trial_id, self.run_id = trial_id, run_id
         self.secrets = secrets
+        # Events are written only while this worker holds the trial's lease: a host cut off from
+        # the database that comes back after its trial went to another host writes nothing to it.
+        self.lease = lease
         # A first attempt has no events yet (the reaper only writes to re-queued trials).
         last = (
             0
@@ -213,13 +225,17 @@ class Recorder:
         if flush:
             self.flush()
 
-    def flush(self) -> bool:
-        """Write the buffered events; True when there were some and their pages were told."""
+    def flush(self, fenced: bool = False) -> bool:
+        """Write the buffered events; True when there were some and their pages were told.
+        `fenced`: the caller's transaction has just checked the lease (storing the outcome)."""
         wrote = bool(self.buffer)
         if wrote:
             # The events and their notice commit together (a notice outside the transaction was
             # a commit of its own); inside the outcome's transaction, as part of it.
             with transaction.atomic(savepoint=False):
+                if not fenced and not self._lease_held():
+                    self.buffer = []
+                    return False
                 TrialEvent.objects.bulk_create(self.buffer)
                 if self.run_id is not None:  # the trial page streams its transcript
                     live.publish(self.run_id, self.trial_id)
@@ -227,6 +243,20 @@ class Recorder:
             release_connection()
         self.last_flush = time.monotonic()
         return wrote and self.run_id is not None
+
+    def _lease_held(self) -> bool:
+        """Whether this worker still holds the trial, with its row locked until the events are in
+        (the reaper's re-queue waits for them, or they wait for it and are not written)."""
+        if self.lease is None:
+            return True
+        held = Trial.objects.select_for_update().filter(
+            pk=self.trial_id, status=Trial.Status.RUNNING, lease_owner=self.lease.worker
+        )
+        if list(held.values_list("pk", flat=True)):
+            return True
+        logger.warning("trial %s: lease lost; events from %s not kept", self.trial_id, self.lease.worker)
+        self.lease.lease_lost.set()
+        return False
 
 
 def release_connection() -> None:
@@ -348,10 +378,11 @@ class TrialExecution:
         self.worker = worker
         self.config: dict = trial.config
         self.secret_values: list[str] = []
-        self.recorder = Recorder(
-            trial.pk, self.secret_values, first_attempt=trial.attempt == 1, run_id=trial.run_id
-        )
         self.heartbeat = Heartbeat(trial, worker)
+        self.recorder = Recorder(
+            trial.pk, self.secret_values, first_attempt=trial.attempt == 1, run_id=trial.run_id,
+            lease=self.heartbeat,
+        )  # fmt: skip
         self.paths: workspace.SandboxPaths | None = None
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
@@ -436,13 +467,13 @@ class TrialExecution:
         self.paths = workspace.layout(root)
         version = self.trial.task_version
         self.task_bundle_dir = root / "task"
-        extract_bundle(bytes(version.bundle.data), self.task_bundle_dir)
+        extract_bundle(bundle_blob(version.bundle_id), self.task_bundle_dir)
         self.task_yaml_dir = str(PurePosixPath(version.yaml_path).parent)
         self.experiment_bundle_dir: Path | None = None
         experiment = self.trial.run.config.get("experiment", {})
         if experiment.get("bundle"):
             self.experiment_bundle_dir = root / "experiment"
-            extract_bundle(_bundle_data(experiment["bundle"]), self.experiment_bundle_dir)
+            extract_bundle(bundle_blob(experiment["bundle"]), self.experiment_bundle_dir)
             self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
         if self.paths.uid is not None:  # grading and agent scripts mount them for the sandbox uid
             for bundle_dir in filter(None, (self.task_bundle_dir, self.experiment_bundle_dir)):
@@ -997,7 +1028,7 @@ class TrialExecution:
                 logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
                 return False
             # The last events land with the outcome, or not at all; their notice tells the pages.
-            if not self.recorder.flush():
+            if not self.recorder.flush(fenced=True):
                 live.publish(self.trial.run_id, self.trial.pk)
             rows = criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
             CriterionResult.objects.bulk_create(rows)
@@ -1070,18 +1101,6 @@ def _refused_secrets(names: list[str]) -> Outcome | None:
         f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
         "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
     )
-
-
-_BUNDLES: dict[str, bytes] = {}
-
-
-def _bundle_data(digest: str) -> bytes:
-    """A bundle's blob, kept per worker process: bundles are content-addressed, so immutable."""
-    if digest not in _BUNDLES:
-        if len(_BUNDLES) >= 16:
-            _BUNDLES.pop(next(iter(_BUNDLES)))
-        _BUNDLES[digest] = bytes(Bundle.objects.values_list("data", flat=True).get(pk=digest))
-    return _BUNDLES[digest]
 
 
 def _redact(value: Any, secrets: list[str]) -> Any:

@@ -3,12 +3,9 @@
 Cancel and retry go through `control`, which decides who may control a run.
 """
 
-from collections import Counter
-from datetime import timedelta
 from urllib.parse import urlencode
 
 from django import forms
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -22,8 +19,9 @@ from django.views.decorators.http import require_GET, require_POST
 from experiments_app.models import Experiment
 from runs_app import control
 from runs_app.launching import LaunchError, launch_run, rerun_options
-from runs_app.models import Run, Trial, Worker, with_last_run
+from runs_app.models import Run, Trial, with_last_run
 from runs_app.web.presenters import attach_variant_counts, run_progress_numbers, variant_rows
+from runs_app.web.workers import worker_health
 
 RUN_TRIAL_ROWS = 50
 RUN_LIST_ROWS = 50
@@ -137,25 +135,6 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "prev_query": urlencode({**query, "page": page - 1}) if page > 1 else "",
         "filter_query": urlencode({**query, **({"page": page} if page > 1 else {})}),
         "sort_query": urlencode({k: v for k, v in query.items() if k != "sort"}),
-    }
-
-
-def worker_health(run: Run, now) -> dict | None:
-    """For a run with trials waiting: the workers seen lately, what each runs, and whether any
-    is there at all (None once nothing waits)."""
-    if run.is_final or not (run.n_queued or run.n_running):
-        return None
-    fresh = now - timedelta(seconds=3 * settings.WORKER_HEARTBEAT_SECONDS)
-    alive = list(Worker.objects.filter(last_seen_at__gte=fresh).order_by("name"))
-    running = Counter(
-        owner.rsplit(":", 1)[0]
-        for owner in Trial.objects.filter(status=Trial.Status.RUNNING).values_list("lease_owner", flat=True)
-    )
-    last = Worker.objects.order_by("-last_seen_at").first()
-    return {
-        "alive": [(worker, running.get(worker.name, 0)) for worker in alive],
-        "none": not alive and not run.n_running,
-        "last_seen": last.last_seen_at if last else None,
     }
 
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from runs_app.web import account, compare, experiments, runs, stream, trials
+from runs_app.web import account, compare, experiments, runs, stream, trials, workers
 
 urlpatterns = [
     path("", runs.home, name="home"),
@@ -22,6 +22,7 @@ urlpatterns = [
     path("experiments/<slug:slug>/", experiments.experiment_detail, name="experiment_detail"),
     path("experiments/<slug:slug>/launch/", experiments.experiment_launch, name="experiment_launch"),
     path("experiments/<slug:slug>/compare/", compare.experiment_compare, name="experiment_compare"),
+    path("workers/", workers.worker_list, name="worker_list"),
     path("account/", account.account_settings, name="account_settings"),
     path("account/tokens/", account.token_create, name="token_create"),
     path("account/tokens/<int:token_id>/revoke/", account.token_revoke, name="token_revoke"),

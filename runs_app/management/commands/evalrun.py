@@ -88,6 +88,10 @@ class Command(BaseCommand):
         parser.add_argument("--sample-per-stratum", type=int, help="dataset rows per stratum")
         parser.add_argument("--seed", type=int, help="seed of --sample and --sample-per-stratum")
         parser.add_argument("--keep-artifacts", action="store_true", help="keep each trial's workspace")
+        parser.add_argument(
+            "--any-code-version", action="store_true",
+            help="let workers of any code version run its trials (default: only this code's)",
+        )  # fmt: skip
         parser.add_argument("--resume", type=int, metavar="RUN_ID", help="finish a crashed or cancelled run")
         parser.add_argument("--retry-errors", type=int, metavar="RUN_ID", help="rerun a run's errored trials")
         parser.add_argument("-s", "--stream", choices=["full", "minimal"], help="print trial events live")
@@ -168,6 +172,7 @@ class Command(BaseCommand):
             include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample"],
             sample_per_stratum=options["sample_per_stratum"], seed=options["seed"],
             keep_artifacts=options["keep_artifacts"],
+            any_code_version=options["any_code_version"],
             # An ad-hoc experiment already carries -T/-m in its one variant.
             agent_type=None if adhoc else options["agent_type"], model=None if adhoc else options["model"],
         )  # fmt: skip

@@ -257,9 +257,36 @@ def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client):
     stale = member_client.get(url).content.decode()
     assert 'data-testid="no-worker"' in stale and "since 5" in stale
 
-    Worker.objects.filter(name="celery@host-a").update(last_seen_at=timezone.now())
+    Worker.objects.filter(name="celery@host-a").update(last_seen_at=timezone.now(), code_version="0ld")
+    elsewhere = member_client.get(url).content.decode()
+    assert 'data-testid="no-worker"' in elsewhere and f"code version ({run.code_version})" in elsewhere
+    assert "they run 0ld on" in elsewhere
+
+    Worker.objects.filter(name="celery@host-a").update(code_version=run.code_version, hostname="host-a")
     alive = member_client.get(url).content.decode()
     assert 'data-testid="no-worker"' not in alive and "celery@host-a (0 running)" in alive
+
+
+@pytest.mark.django_db
+def test_the_workers_page_shows_hosts_slots_versions_and_what_runs_where(member_client):
+    from django.utils import timezone
+
+    from runs_app.models import Trial, Worker
+
+    run = launched_run()
+    Worker.objects.create(
+        name="w1@host-a", hostname="host-a", slots=64, code_version=run.code_version,
+        last_seen_at=timezone.now(), agent_versions={"claude-code": "2.1.3 (Claude Code)"},
+    )  # fmt: skip
+    first, second = run.trials.order_by("pk")[:2]
+    for trial in (first, second):
+        Trial.objects.filter(pk=trial.pk).update(status="running", lease_owner="w1@host-a:77", host="host-a")
+    page = member_client.get(reverse("worker_list")).content.decode()
+    assert "host-a" in page and "w1@host-a" in page and ">64<" in page and run.code_version in page
+    assert "claude-code: 2.1.3 (Claude Code)" in page
+    assert f'href="{reverse("run_detail", args=[run.pk])}">#{run.pk}</a></td><td class="num">2<' in page
+    run_page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "this run on host-a (2)" in run_page
 
 
 @pytest.mark.django_db

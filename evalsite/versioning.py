@@ -1,0 +1,35 @@
+"""Which code a process runs, so a run's trials stay on workers that run the same code.
+
+Pure Python (no Django): `evalsite.celery` names its worker's queue with it before settings load.
+"""
+
+import hashlib
+import os
+from functools import cache
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# What decides how a trial runs and is graded. Tests, docs and benches change no trial.
+_SOURCES = ("evalsite", "experiments_app", "runs_app", "templates")
+
+
+@cache
+def code_version() -> str:
+    """`EVALSITE_CODE_VERSION` when the deployment names its release, else a digest of the
+    project's code: two hosts installed from the same commit agree without being told."""
+    given = os.environ.get("EVALSITE_CODE_VERSION", "").strip()
+    if given:
+        return given[:64]
+    digest = hashlib.sha256()
+    for top in _SOURCES:
+        for path in sorted((BASE_DIR / top).rglob("*")):
+            if path.suffix not in (".py", ".html") or "tests" in path.relative_to(BASE_DIR).parts:
+                continue
+            digest.update(str(path.relative_to(BASE_DIR)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def trial_queue(version: str) -> str:
+    """The broker queue of the trials of runs recorded with this code version."""
+    return f"trials-{version}"
