@@ -201,3 +201,73 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message=la
     raise AssertionError(
         f"timed out after {timeout}s waiting for {message() if callable(message) else message}"
     )
+
+
+class S3Server:
+    """A local S3-compatible server (moto's, from PyPI) with one bucket, in its own process."""
+
+    BUCKET = "evalsite-test"
+
+    def __init__(self, log_dir: Path, host: str = "127.0.0.1"):
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            self.port = probe.getsockname()[1]
+        self.host = host
+        self.url = f"http://{host}:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)],
+            stdout=(log_dir / "s3.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.env = {
+            "EVALSITE_S3_BUCKET": self.BUCKET,
+            "EVALSITE_S3_ENDPOINT_URL": self.url,
+            "EVALSITE_S3_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "evalsite-test",
+            "AWS_SECRET_ACCESS_KEY": "evalsite-test-secret",
+        }
+
+    def wait_ready(self) -> "S3Server":
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client().create_bucket(Bucket=self.BUCKET)
+                return self
+            except Exception:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.url, region_name="us-east-1",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+        )  # fmt: skip
+
+    def keys(self) -> list[str]:
+        listed = self.client().list_objects_v2(Bucket=self.BUCKET)
+        return sorted(item["Key"] for item in listed.get("Contents", []))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_server(tmp_path, settings, monkeypatch):
+    """A local S3 server, and this process's default storage on its bucket."""
+    server = S3Server(tmp_path).wait_ready()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, server.env[name])
+    from evalsite.settings import s3_storage
+
+    settings.STORAGES = {**settings.STORAGES, "default": s3_storage(server.BUCKET, server.url, "us-east-1")}
+    yield server
+    server.stop()

@@ -261,20 +261,28 @@ MEDIA_URL = "media/"
 # otherwise. The credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
 # or the host's role, as boto3 finds them.
 S3_BUCKET = env_str("EVALSITE_S3_BUCKET")
+
+
+def s3_storage(bucket: str, endpoint_url: str | None = None, region: str | None = None, prefix: str = ""):
+    """django-storages' S3 backend on this bucket (any S3-compatible server: endpoint_url)."""
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket, "endpoint_url": endpoint_url, "region_name": region, "location": prefix,
+            # Private objects, never overwritten (an artifact's name is unique per attempt).
+            "default_acl": None, "file_overwrite": False, "querystring_auth": True,
+        },
+    }  # fmt: skip
+
+
 STORAGES = {
     "default": (
-        {
-            "BACKEND": "storages.backends.s3.S3Storage",
-            "OPTIONS": {
-                "bucket_name": S3_BUCKET,
-                "endpoint_url": env_str("EVALSITE_S3_ENDPOINT_URL") or None,
-                "region_name": env_str("EVALSITE_S3_REGION") or None,
-                "location": env_str("EVALSITE_S3_PREFIX", ""),
-                "default_acl": None,
-                "file_overwrite": False,
-                "querystring_auth": True,
-            },
-        }
+        s3_storage(
+            S3_BUCKET,
+            env_str("EVALSITE_S3_ENDPOINT_URL") or None,
+            env_str("EVALSITE_S3_REGION") or None,
+            env_str("EVALSITE_S3_PREFIX", ""),
+        )
         if S3_BUCKET
         else {"BACKEND": "django.core.files.storage.FileSystemStorage"}
     ),

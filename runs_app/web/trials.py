@@ -1,7 +1,8 @@
 """The trial page: criteria, the transcript, the diff, timings, the resolved config, attempts."""
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.files.storage import default_storage
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -49,3 +50,20 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,
     }
     return render(request, "runs/trial_detail.html", ctx)
+
+
+@login_required
+@require_GET
+def trial_artifact(request: HttpRequest, run_id: int, trial_id: int) -> FileResponse:
+    """The trial's kept workspace (a run launched with keep_artifacts), from the configured storage:
+    the web host reads what any worker host stored (docs/deploy.md)."""
+    trial = get_object_or_404(Trial.objects.only("artifact", "attempt"), pk=trial_id, run_id=run_id)
+    if not trial.artifact:
+        raise Http404("this trial kept no workspace")
+    name = f"run-{run_id}-trial-{trial_id}-attempt-{trial.attempt}.tar.gz"
+    return FileResponse(
+        default_storage.open(trial.artifact, "rb"),
+        as_attachment=True,
+        filename=name,
+        content_type="application/gzip",
+    )

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:run_id>/resume/", runs.run_resume, name="run_resume"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
+    path("runs/<int:run_id>/trials/<int:trial_id>/artifact/", trials.trial_artifact, name="trial_artifact"),
     path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),
     # Comparison pages; `?format=csv|json&table=summary|trials` on either gives the downloads.
     path("runs/<int:run_id>/compare/", compare.run_compare, name="run_compare"),
