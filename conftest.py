@@ -128,8 +128,14 @@ class WorkerProcess:
     """A `celery worker` subprocess; tests may kill it and start another."""
 
     def __init__(
-        self, log_dir: Path, concurrency: int = 2, extra_env: dict[str, str] | None = None, beat: bool = False
+        self,
+        log_dir: Path,
+        concurrency: int = 2,
+        extra_env: dict[str, str] | None = None,
+        beat: bool = False,
+        prefix: list[str] | None = None,
     ):
+        self.prefix = prefix or []  # e.g. a network namespace's `ip netns exec` (tests/hosts.py)
         self.log_dir = log_dir
         self.concurrency = concurrency
         self.extra_env = extra_env or {}
@@ -143,6 +149,7 @@ class WorkerProcess:
         name = f"test-{uuid.uuid4().hex[:8]}@%h"
         self.proc = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "celery",

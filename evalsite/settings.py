@@ -197,6 +197,17 @@ DATABASE_URL = env_str("DATABASE_URL")
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=0)
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
+    # A worker host that drops off the network inside a transaction keeps its row locks (a run's
+    # row, which every trial's end takes) until PostgreSQL drops its session: by default, when
+    # TCP gives up, hours later. These end such a session after DATABASE_IDLE_IN_TRANSACTION_SECONDS
+    # idle inside a transaction, and notice a silent peer within about a minute. No transaction
+    # of evalsite waits on anything but the database.
+    idle = env_int("DATABASE_IDLE_IN_TRANSACTION_SECONDS", 30, minimum=1)
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "options",
+        f"-c idle_in_transaction_session_timeout={idle}s -c tcp_keepalives_idle=30 "
+        "-c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 -c tcp_user_timeout=60000",
+    )
     if (os.environ.get("EVALSITE_ASGI") == "1" or WORKER_SLOTS) and DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
         DATABASES["default"]["OPTIONS"]["pool"] = {
