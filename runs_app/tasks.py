@@ -41,10 +41,9 @@ def reap_expired_leases() -> None:
 
 @shared_task
 def record_heartbeat(name: str) -> None:
-    """Mark a worker as alive; also the smallest task that proves the queue works end to end."""
-    Worker.objects.update_or_create(
-        name=name, defaults={"hostname": settings.WORKER_HOST, "last_seen_at": timezone.now()}
-    )
+    """Mark a worker as alive; also the smallest task that proves the queue works end to end.
+    Any worker may run it, so it says nothing of the host: the worker's own beat does."""
+    Worker.objects.update_or_create(name=name, defaults={"last_seen_at": timezone.now()})
 
 
 @worker_ready.connect
