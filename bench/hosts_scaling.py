@@ -45,8 +45,9 @@ def main() -> None:
     parser.add_argument("--agent-seconds", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
-    if not os.environ.get("DATABASE_URL") or not os.environ.get("CELERY_BROKER_URL", "").startswith("redis://"):
-        sys.exit("set DATABASE_URL (a scratch PostgreSQL database) and CELERY_BROKER_URL (a scratch Redis db)")
+    broker = os.environ.get("CELERY_BROKER_URL", "")
+    if not os.environ.get("DATABASE_URL") or not broker.startswith("redis://"):
+        sys.exit("set DATABASE_URL (a scratch PostgreSQL database) and CELERY_BROKER_URL (scratch Redis)")
     from tests.hosts import NetnsHost, Relay, can_build_hosts
 
     if why := can_build_hosts():
@@ -113,8 +114,9 @@ def timed_run(hosts, args, tmp_path, s3, experiment, app, LaunchOptions, launch_
         env = {**os.environ, **s3.env, **host.environment(services)}
         log = (tmp_path / f"worker-{len(hosts)}-{host.name}.log").open("w")
         workers.append(subprocess.Popen(
-            [*host.wrap(), sys.executable, "-m", "celery", "-A", "evalsite", "worker", "-c", str(args.concurrency),
-             "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"{host.name}@%h"],
+            [*host.wrap(), sys.executable, "-m", "celery", "-A", "evalsite", "worker",
+             "-c", str(args.concurrency), "--loglevel=WARNING", "--without-gossip", "--without-mingle",
+             "-n", f"{host.name}@%h"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         ))  # fmt: skip
     try:
