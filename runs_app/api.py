@@ -243,6 +243,7 @@ class TrialOut(Schema):
     dataset_row_id: str
     status: str
     attempt: int
+    host: str
     score: float | None
     duration_seconds: float | None
     input_tokens: int

@@ -30,6 +30,7 @@ _FIELDS = {
     "replicate": "replicate",
     "dataset_row_id": "dataset_row_id",
     "attempt": "attempt",
+    "host": "host",
     "status": "status",
     "score": "score",
     "duration_seconds": "duration_seconds",
@@ -48,7 +49,7 @@ _FIELDS = {
     "finished_at": "finished_at",
 }
 # The columns that hold text (agent output among them): escaped against formulas.
-_TEXT_COLUMNS = ("variant", "task", "dataset_row_id", "status", "budget_exceeded", "error_category",
+_TEXT_COLUMNS = ("variant", "task", "dataset_row_id", "host", "status", "budget_exceeded", "error_category",
                  "error_message", "config_fingerprint")  # fmt: skip
 # `label` is Trial.label (task[row]#replicate); `url` the trial page's path.
 TRIAL_COLUMNS = [*_FIELDS, "label", "url"]

@@ -29,7 +29,7 @@ TRIAL_ROW_FIELDS = (
     "run_id", "variant__slug", "variant__position", "task_version__task__slug", "replicate",
     "dataset_row_id", "status", "attempt", "score", "started_at", "finished_at", "duration_seconds",
     "input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens", "cost_usd",
-    "error_category", "timed_out", "budget_exceeded", "stopped_early",
+    "error_category", "timed_out", "budget_exceeded", "stopped_early", "host",
 )  # fmt: skip
 
 
