@@ -16,6 +16,7 @@ from experiments_app.specs.gates import GATE_TYPES, Gate, gate_issues
 from experiments_app.specs.task import (
     KEBAB_RE,
     AgentSpec,
+    HooksSpec,
     PostRunCommand,
     PreRunCommand,
     PromptMutation,
@@ -47,6 +48,7 @@ class TaskOverlay(SpecModel):
     run_limits: RunLimits | None = None
     pre_run: list[PreRunCommand] | None = None
     post_run: list[PostRunCommand] | None = None
+    hooks: HooksSpec | None = None
     reference: ReferenceSpec | None = None
     simulation: dict[str, Any] | None = None
     expected_commands: int | None = Field(default=None, ge=1)

@@ -262,6 +262,35 @@ class PostRunCommand(SpecModel):
     timeout: int = Field(default=30, ge=1, le=300)
 
 
+class HookCommand(SpecModel):
+    command: str
+    timeout: int = Field(default=60, ge=1, le=3600)
+
+
+class TrialHooks(SpecModel):
+    """evalsite: commands around each trial, in its sandbox. `before` runs once the workspace is
+    ready (after pre_run); `after` runs whatever happened since (a failed agent, a failed
+    `before`, a cancel). A failing hook makes the trial an error, never a fail."""
+
+    before: list[HookCommand] = Field(default_factory=list)
+    after: list[HookCommand] = Field(default_factory=list)
+
+
+class HooksSpec(SpecModel):
+    trial: TrialHooks | None = None
+    suite: Any = None
+
+    @field_validator("suite")
+    @classmethod
+    def _suite(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError(
+                "hooks.suite (setup and teardown once per run) is not built yet: remove it, and start "
+                "what each trial needs in hooks.trial.before"
+            )
+        return v
+
+
 class ReferenceSpec(SpecModel):
     """A folder holding a correct solution; never shown to the agent."""
 
@@ -376,6 +405,7 @@ class TaskSpec(SpecModel):
     run_limits: RunLimits | None = None
     pre_run: list[PreRunCommand] = Field(default_factory=list)
     post_run: list[PostRunCommand] = Field(default_factory=list)
+    hooks: HooksSpec | None = None
     reference: ReferenceSpec | None = None
     dataset: DatasetSpec | None = None
     simulation: dict[str, Any] | None = None

@@ -403,7 +403,16 @@ class TrialExecution:
         timings["setup"] = time.perf_counter() - started
         if reason := self.heartbeat.stop_reason():
             return self._ended(self._stopped(reason), timings, started)
+        outcome = self._after_setup(timings, started)
+        return self._ended(self._after_hooks(outcome), timings, started)
 
+    def _after_setup(self, timings: dict[str, float], started: float) -> Outcome:
+        """The before hooks, the agent and the grading; `hooks.trial.after` follows whatever
+        this returns."""
+        if self._hooks("before"):
+            self.recorder.phase("hooks_before")
+        if failure := self._run_hooks("before", stop_at_first=True):
+            return Outcome(Trial.Status.ERROR, "hook", failure)
         before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         agent_started = time.perf_counter()
         self.recorder.phase("agent", flush=True, kind=self._agent_kind())
@@ -412,7 +421,7 @@ class TrialExecution:
         after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         outcome.diff, outcome.diff_truncated = workspace.unified_diff(before, after, settings.DIFF_CAP_BYTES)
         if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED):
-            return self._ended(outcome, timings, started)
+            return outcome
 
         grading_started = time.perf_counter()
         self.recorder.phase("grading")
@@ -420,7 +429,38 @@ class TrialExecution:
         timings["grading"] = time.perf_counter() - grading_started
         self.recorder.phase("post_run")
         self.run_steps("post_run", fatal=False)
-        return self._ended(outcome, timings, started)
+        return outcome
+
+    def _hooks(self, which: str) -> list[dict]:
+        return ((self.config.get("hooks") or {}).get("trial") or {}).get(which) or []
+
+    def _run_hooks(self, which: str, stop_at_first: bool) -> str:
+        """Run `hooks.trial.<which>` in the sandbox; what failed, in words ("" when none did)."""
+        failures = []
+        for index, hook in enumerate(self._hooks(which)):
+            result = self.run_command(hook["command"], float(hook.get("timeout", 60)), grading=False)
+            name = f"hooks.trial.{which}[{index}]"
+            self._record_step(name, hook["command"], result)
+            if result.timed_out or result.exit_code != 0:
+                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+                failures.append(f"{name} `{hook['command']}` {why}: {result.stderr[-500:].strip()}")
+                if stop_at_first:
+                    break
+        return "; ".join(failures)
+
+    def _after_hooks(self, outcome: Outcome) -> Outcome:
+        """`hooks.trial.after`, whatever the outcome: a failure makes the trial an error and is
+        reported with the error it followed, if any."""
+        if not self._hooks("after"):
+            return outcome
+        self.recorder.phase("hooks_after")
+        failure = self._run_hooks("after", stop_at_first=False)
+        if not failure:
+            return outcome
+        if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED) and outcome.error_message:
+            failure = f"{outcome.error_message}; then {failure}"
+        outcome.status, outcome.error_category, outcome.error_message = Trial.Status.ERROR, "hook", failure
+        return outcome
 
     def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
         timings["total"] = time.perf_counter() - started
@@ -539,21 +579,24 @@ class TrialExecution:
     def run_steps(self, name: str, *, fatal: bool) -> None:
         for index, step in enumerate(self.config.get(name) or []):
             result = self.run_command(step["command"], float(step.get("timeout", 30)), grading=False)
-            self.recorder.add(
-                TrialEvent.Kind.OUTPUT,
-                {
-                    "step": f"{name}[{index}]",
-                    "command": step["command"],
-                    "exit_code": result.exit_code,
-                    "stdout": result.stdout[-4000:],
-                    "stderr": result.stderr[-4000:],
-                    "timed_out": result.timed_out,
-                },
-            )
+            self._record_step(f"{name}[{index}]", step["command"], result)
             failed = result.timed_out or result.exit_code != 0
             if failed and fatal and step.get("fail_on_error", True):
                 why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
                 raise TrialAborted(name, f"{name}[{index}] `{step['command']}` {why}: {result.stderr[-500:]}")
+
+    def _record_step(self, step: str, command: str, result: criteria.CommandOutcome) -> None:
+        self.recorder.add(
+            TrialEvent.Kind.OUTPUT,
+            {
+                "step": step,
+                "command": command,
+                "exit_code": result.exit_code,
+                "stdout": result.stdout[-4000:],
+                "stderr": result.stderr[-4000:],
+                "timed_out": result.timed_out,
+            },
+        )
 
     def run_command(self, command: str, timeout: float, grading: bool = True) -> criteria.CommandOutcome:
         """A shell command in the trial's sandbox (pre_run, post_run, run_command criteria). Only
