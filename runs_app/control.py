@@ -368,6 +368,21 @@ def resume_run(run: Run, by) -> int:
     return pending
 
 
+def allow_any_code_version(run: Run, by) -> int:
+    """Let workers of any code version run what is left of the run (its version's workers are
+    gone after an upgrade); its queued trials are sent again, to the shared queue. Returns how
+    many were waiting."""
+    ensure_controllable(run, by)
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(any_code_version=True)
+        waiting = Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED)
+        count = waiting.update(dispatched_at=None)
+    run.any_code_version = True
+    dispatch(run.pk)
+    live.publish(run.pk)
+    return count
+
+
 def _reopen(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(
         status=Run.Status.RUNNING, cancel_requested=False, finished_at=None, stop_reason=""

@@ -188,6 +188,19 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+def run_any_version(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_run_for_user(request, run_id)
+    try:
+        count = control.allow_any_code_version(run, request.user)
+    except control.ControlRefused as refusal:
+        _refused(request, refusal)
+        return redirect(run)
+    messages.success(request, f"Workers of any code version may now run its {count} waiting trials.")
+    return redirect(run)
+
+
+@login_required
+@require_POST
 def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for_user(request, run_id)
     try:

@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
     path("runs/<int:run_id>/resume/", runs.run_resume, name="run_resume"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
+    path("runs/<int:run_id>/any-version/", runs.run_any_version, name="run_any_version"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
     path("runs/<int:run_id>/trials/<int:trial_id>/artifact/", trials.trial_artifact, name="trial_artifact"),
     path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),

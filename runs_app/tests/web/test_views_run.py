@@ -1,6 +1,7 @@
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils.timezone import now as timezone_now
 
 from runs_app.analysis import rollup
 from runs_app.models import Run, Trial
@@ -23,7 +24,7 @@ def test_it_sends_anonymous_visitors_to_login(client, name):
     assert response["Location"].startswith(reverse("login"))
 
 
-@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun"])
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun", "run_any_version"])
 def test_it_does_not_let_anonymous_visitors_act_on_a_run(client, name):
     run = launched_run()
 
@@ -35,7 +36,7 @@ def test_it_does_not_let_anonymous_visitors_act_on_a_run(client, name):
     assert Run.objects.get().status == Run.Status.QUEUED
 
 
-@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun"])
+@pytest.mark.parametrize("name", ["run_cancel", "run_retry", "run_resume", "run_rerun", "run_any_version"])
 def test_it_refuses_get_on_run_actions(member_client, name):
     run = launched_run()
 
@@ -185,7 +186,7 @@ def test_it_lets_a_member_cancel_a_run_they_started(member_client, member):
 def test_it_refuses_to_cancel_or_retry_someone_elses_run(member_client, outsider, admin_user):
     run = finish_run(launched_run(user=outsider), ["passed", "error"])
 
-    for name in ("run_cancel", "run_retry", "run_resume"):
+    for name in ("run_cancel", "run_retry", "run_resume", "run_any_version"):
         assert member_client.post(_url(name, run)).status_code == 403
     assert Trial.objects.filter(run=run, attempt=2).count() == 0
 
@@ -261,6 +262,8 @@ def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client):
     elsewhere = member_client.get(url).content.decode()
     assert 'data-testid="no-worker"' in elsewhere and f"code version ({run.code_version})" in elsewhere
     assert "they run 0ld on" in elsewhere
+
+    assert reverse("run_any_version", args=[run.pk]) in elsewhere
 
     Worker.objects.filter(name="celery@host-a").update(code_version=run.code_version, hostname="host-a")
     alive = member_client.get(url).content.decode()
@@ -338,3 +341,17 @@ def test_the_trial_table_keeps_launch_order_while_trials_finish_and_sorts_on_req
     assert order() == [t.pk for t in trials]  # finishing moves nothing
     assert order(sort="finished")[:2] == [trials[3].pk, trials[1].pk]
     assert order(sort="slowest")[:2] == [trials[3].pk, trials[1].pk]
+
+
+@pytest.mark.django_db
+def test_a_run_whose_code_version_has_no_worker_left_may_be_opened_to_any(member_client, member):
+    run = launched_run(user=member)
+    run.trials.update(dispatched_at=timezone_now())  # sent to its version's queue already
+    finish_trial(run.trials.order_by("pk").first(), "passed")
+
+    response = member_client.post(reverse("run_any_version", args=[run.pk]), follow=True)
+
+    run.refresh_from_db()
+    assert run.any_code_version and b"may now run its 5 waiting trials" in response.content
+    # Sent again, to the shared queue: dispatch marked them (max_parallel of them) anew.
+    assert run.trials.filter(status="queued", dispatched_at__isnull=False).count() == min(5, run.max_parallel)
