@@ -30,7 +30,7 @@ from runs_app.analysis import gates, rollup
 from runs_app.analysis.load import run_facts
 from runs_app.engine import runner
 from runs_app.engine.suites import evaluate_suites
-from runs_app.models import Run, Trial, TrialEvent
+from runs_app.models import Run, Trial, TrialEvent, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,17 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     for trial_id in ids:
         transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,), queue=queue))
     return reserved
+
+
+def live_workers(now=None):
+    """Workers heard from within three heartbeats."""
+    since = (now or timezone.now()) - timedelta(seconds=3 * settings.WORKER_HEARTBEAT_SECONDS)
+    return Worker.objects.filter(last_seen_at__gte=since)
+
+
+def may_take(run: Run, worker: Worker) -> bool:
+    """Whether this worker receives the run's trials (see trial_queue_of)."""
+    return run.any_code_version or not run.code_version or worker.code_version == run.code_version
 
 
 def trial_queue_of(run: Run) -> str:

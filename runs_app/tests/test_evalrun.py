@@ -268,3 +268,23 @@ def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
     assert f"{3 * len(SMOKE_TASKS)} trials (nothing was started or stored)" in text
     assert f"{len(SMOKE_TASKS)} units × 3 repeats per variant: detects |Δ| ≥ " in text
     assert Task.objects.count() == 0 and not Run.objects.exists()
+
+
+def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
+    from django.utils import timezone
+
+    from runs_app.models import Worker
+
+    Worker.objects.create(name="old@h", hostname="h", code_version="0ld", last_seen_at=timezone.now())
+    tasks, experiment = slow_suite(tmp_path, 1)
+    started = evalrun(tasks, "-e", experiment, "--no-wait")
+    assert started.returncode == 0, started.stderr
+    run = Run.objects.get()
+    assert (
+        f"no live worker runs this checkout's code (version {run.code_version}; they run 0ld)"
+        in started.stderr
+    )
+
+    Worker.objects.update(code_version=run.code_version)
+    again = evalrun(tasks, "-e", experiment, "--no-wait")
+    assert again.returncode == 0 and "no live worker" not in again.stderr

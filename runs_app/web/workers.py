@@ -4,7 +4,6 @@ page's banner (a run whose trials wait says whether any worker can take them).""
 from collections import Counter
 from datetime import timedelta
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
@@ -12,15 +11,11 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from runs_app import control
 from runs_app.models import Run, Trial, Worker
 
 # Workers not heard from for this long are left off the workers page.
 FORGOTTEN_AFTER = timedelta(days=1)
-
-
-def alive_since(now):
-    """A worker is alive while its last heartbeat is younger than three beats."""
-    return now - timedelta(seconds=3 * settings.WORKER_HEARTBEAT_SECONDS)
 
 
 def running_by_worker() -> Counter:
@@ -34,7 +29,7 @@ def worker_health(run: Run, now) -> dict | None:
     per host, and whether any alive worker may take them (None once nothing waits)."""
     if run.is_final or not (run.n_queued or run.n_running):
         return None
-    alive = list(Worker.objects.filter(last_seen_at__gte=alive_since(now)).order_by("name"))
+    alive = list(control.live_workers(now).order_by("name"))
     running = running_by_worker()
     hosts = (
         Trial.objects.for_run(run)
@@ -43,9 +38,7 @@ def worker_health(run: Run, now) -> dict | None:
         .annotate(n=Count("pk"))
         .order_by("host")
     )
-    # Workers of another code version never receive this run's trials (control.trial_queue_of).
-    wanted = None if run.any_code_version or not run.code_version else run.code_version
-    able = [worker for worker in alive if wanted in (None, worker.code_version)]
+    able = [worker for worker in alive if control.may_take(run, worker)]
     last = Worker.objects.order_by("-last_seen_at").first()
     return {
         "alive": [(worker, running.get(worker.name, 0)) for worker in alive],
@@ -63,9 +56,9 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     recent = Worker.objects.filter(last_seen_at__gte=now - FORGOTTEN_AFTER)
     workers = list(recent.order_by("hostname", "name"))
     running = running_by_worker()
-    fresh = alive_since(now)
+    alive = set(control.live_workers(now).values_list("pk", flat=True))
     rows = [
-        {"worker": worker, "alive": worker.last_seen_at >= fresh, "running": running.get(worker.name, 0)}
+        {"worker": worker, "alive": worker.pk in alive, "running": running.get(worker.name, 0)}
         for worker in workers
     ]
     by_host = (

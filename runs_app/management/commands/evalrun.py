@@ -119,6 +119,7 @@ class Command(BaseCommand):
             sys.exit(EXIT_INTERRUPTED)  # while importing or launching: no run to follow yet
         url = settings.SITE_URL + run.get_absolute_url()
         self.stdout.write(f"run {run.pk}: {url}")
+        self._warn_of_other_versions(run)
         if options["no_wait"]:
             return
         run = self._follow(run, options["stream"], first_event)
@@ -176,6 +177,18 @@ class Command(BaseCommand):
             # An ad-hoc experiment already carries -T/-m in its one variant.
             agent_type=None if adhoc else options["agent_type"], model=None if adhoc else options["model"],
         )  # fmt: skip
+
+    def _warn_of_other_versions(self, run: Run) -> None:
+        """Live workers that all run other code would leave the run waiting (an edited checkout
+        under a running `make run` worker, say)."""
+        alive = list(control.live_workers())
+        if alive and not any(control.may_take(run, worker) for worker in alive):
+            versions = ", ".join(sorted({worker.code_version or "?" for worker in alive}))
+            self.stderr.write(
+                f"warning: no live worker runs this checkout's code (version {run.code_version}; they "
+                f"run {versions}): its trials wait for one. Restart the workers, or launch with "
+                "--any-code-version"
+            )
 
     def _plan(self, options) -> None:
         """Print the trials a run would hold, per task × variant, and what it could detect;
