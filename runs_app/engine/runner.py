@@ -403,10 +403,10 @@ class TrialExecution:
         timings["setup"] = time.perf_counter() - started
         if reason := self.heartbeat.stop_reason():
             return self._ended(self._stopped(reason), timings, started)
-        outcome = self._after_setup(timings, started)
+        outcome = self._after_setup(timings)
         return self._ended(self._after_hooks(outcome), timings, started)
 
-    def _after_setup(self, timings: dict[str, float], started: float) -> Outcome:
+    def _after_setup(self, timings: dict[str, float]) -> Outcome:
         """The before hooks, the agent and the grading; `hooks.trial.after` follows whatever
         this returns."""
         if self._hooks("before"):
