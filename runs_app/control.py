@@ -117,15 +117,19 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     return reserved
 
 
+def alive_since(now=None):
+    """A worker is alive while its last heartbeat is younger than three beats."""
+    return (now or timezone.now()) - timedelta(seconds=3 * settings.WORKER_HEARTBEAT_SECONDS)
+
+
 def live_workers(now=None):
-    """Workers heard from within three heartbeats."""
-    since = (now or timezone.now()) - timedelta(seconds=3 * settings.WORKER_HEARTBEAT_SECONDS)
-    return Worker.objects.filter(last_seen_at__gte=since)
+    return Worker.objects.filter(last_seen_at__gte=alive_since(now))
 
 
 def may_take(run: Run, worker: Worker) -> bool:
-    """Whether this worker receives the run's trials (see trial_queue_of)."""
-    return run.any_code_version or not run.code_version or worker.code_version == run.code_version
+    """Whether this worker receives the run's trials: it consumes the shared queue and its own
+    code version's."""
+    return trial_queue_of(run) in (settings.CELERY_TASK_DEFAULT_QUEUE, trial_queue(worker.code_version))
 
 
 def trial_queue_of(run: Run) -> str:
@@ -388,7 +392,6 @@ def allow_any_code_version(run: Run, by) -> int:
         Run.objects.filter(pk=run.pk).update(any_code_version=True)
         waiting = Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED)
         count = waiting.update(dispatched_at=None)
-    run.any_code_version = True
     dispatch(run.pk)
     live.publish(run.pk)
     return count

@@ -439,11 +439,8 @@ class TrialExecution:
         failures = []
         for index, hook in enumerate(self._hooks(which)):
             result = self.run_command(hook["command"], float(hook.get("timeout", 60)), grading=False)
-            name = f"hooks.trial.{which}[{index}]"
-            self._record_step(name, hook["command"], result)
-            if result.timed_out or result.exit_code != 0:
-                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-                failures.append(f"{name} `{hook['command']}` {why}: {result.stderr[-500:].strip()}")
+            if failure := self._record_step(f"hooks.trial.{which}[{index}]", hook["command"], result):
+                failures.append(failure)
                 if stop_at_first:
                     break
         return "; ".join(failures)
@@ -579,13 +576,12 @@ class TrialExecution:
     def run_steps(self, name: str, *, fatal: bool) -> None:
         for index, step in enumerate(self.config.get(name) or []):
             result = self.run_command(step["command"], float(step.get("timeout", 30)), grading=False)
-            self._record_step(f"{name}[{index}]", step["command"], result)
-            failed = result.timed_out or result.exit_code != 0
-            if failed and fatal and step.get("fail_on_error", True):
-                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-                raise TrialAborted(name, f"{name}[{index}] `{step['command']}` {why}: {result.stderr[-500:]}")
+            failure = self._record_step(f"{name}[{index}]", step["command"], result)
+            if failure and fatal and step.get("fail_on_error", True):
+                raise TrialAborted(name, failure)
 
-    def _record_step(self, step: str, command: str, result: criteria.CommandOutcome) -> None:
+    def _record_step(self, step: str, command: str, result: criteria.CommandOutcome) -> str:
+        """Record a step's output; what went wrong, in words ("" when it succeeded)."""
         self.recorder.add(
             TrialEvent.Kind.OUTPUT,
             {
@@ -597,6 +593,10 @@ class TrialExecution:
                 "timed_out": result.timed_out,
             },
         )
+        if not result.timed_out and result.exit_code == 0:
+            return ""
+        why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+        return f"{step} `{command}` {why}: {result.stderr[-500:].strip()}"
 
     def run_command(self, command: str, timeout: float, grading: bool = True) -> criteria.CommandOutcome:
         """A shell command in the trial's sandbox (pre_run, post_run, run_command criteria). Only

@@ -173,44 +173,41 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect(run)
 
 
+def _counted_action(request: HttpRequest, run_id: int, action) -> tuple[Run, int | None]:
+    """Run a control action that returns a count; None when it was refused (and said so)."""
+    run = get_run_for_user(request, run_id)
+    try:
+        return run, action(run, request.user)
+    except control.ControlRefused as refusal:
+        _refused(request, refusal)
+        return run, None
+
+
 @login_required
 @require_POST
 def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_run_for_user(request, run_id)
-    try:
-        count = control.resume_run(run, request.user)
-    except control.ControlRefused as refusal:
-        _refused(request, refusal)
-        return redirect(run)
-    messages.success(request, f"Resumed: {count} trial{'s' if count != 1 else ''} to run.")
+    run, count = _counted_action(request, run_id, control.resume_run)
+    if count is not None:
+        messages.success(request, f"Resumed: {count} trial{'s' if count != 1 else ''} to run.")
     return redirect(run)
 
 
 @login_required
 @require_POST
 def run_any_version(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_run_for_user(request, run_id)
-    try:
-        count = control.allow_any_code_version(run, request.user)
-    except control.ControlRefused as refusal:
-        _refused(request, refusal)
-        return redirect(run)
-    messages.success(request, f"Workers of any code version may now run its {count} waiting trials.")
+    run, count = _counted_action(request, run_id, control.allow_any_code_version)
+    if count is not None:
+        messages.success(request, f"Workers of any code version may now run its {count} waiting trials.")
     return redirect(run)
 
 
 @login_required
 @require_POST
 def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_run_for_user(request, run_id)
-    try:
-        count = control.retry_errors(run, request.user)
-    except control.ControlRefused as refusal:
-        _refused(request, refusal)
-        return redirect(run)
+    run, count = _counted_action(request, run_id, control.retry_errors)
     if count:
         messages.success(request, f"Retrying {count} errored trial{'s' if count != 1 else ''}.")
-    else:
+    elif count == 0:
         messages.info(request, "No errored trials to retry.")
     return redirect(run)
 

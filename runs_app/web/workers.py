@@ -56,9 +56,9 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     recent = Worker.objects.filter(last_seen_at__gte=now - FORGOTTEN_AFTER)
     workers = list(recent.order_by("hostname", "name"))
     running = running_by_worker()
-    alive = set(control.live_workers(now).values_list("pk", flat=True))
+    since = control.alive_since(now)
     rows = [
-        {"worker": worker, "alive": worker.pk in alive, "running": running.get(worker.name, 0)}
+        {"worker": worker, "alive": worker.last_seen_at >= since, "running": running.get(worker.name, 0)}
         for worker in workers
     ]
     by_host = (
