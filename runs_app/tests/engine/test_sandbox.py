@@ -347,15 +347,19 @@ def test_it_scrubs_the_environment_to_the_allowlist_and_named_secrets(trial, mon
 
 def test_it_delivers_stdout_lines_live_and_in_order(trial):
     lines: list[str] = []
+    # The marker is written after the unterminated tail: stopping on 50 lines alone could kill
+    # the shell before its printf ran, and the tail would never have existed.
+    tail_written = trial.workspace / "tail-written"
 
     result = run_process(
-        "i=1; while [ $i -le 50 ]; do echo line $i; i=$((i+1)); done; printf 'no newline'; sleep 30",
+        "i=1; while [ $i -le 50 ]; do echo line $i; i=$((i+1)); done; printf 'no newline';"
+        " touch tail-written; sleep 30",
         cwd=trial.workspace,
         env=env_for(trial),
         **box(trial),
         limits=quick(),
         on_stdout_line=lines.append,
-        should_stop=lambda: "budget" if len(lines) >= 50 else None,
+        should_stop=lambda: "budget" if len(lines) >= 50 and tail_written.exists() else None,
         poll_interval=0.05,
     )
 
