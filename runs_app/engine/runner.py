@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import close_old_connections, transaction
 from django.db.models import F, Q, Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -45,12 +44,13 @@ from runs_app.engine.agents import base as agent_base
 from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
 from runs_app.engine.bundle_cache import bundle_blob
 from runs_app.engine.criteria import early_stop
+from runs_app.engine.leases import Heartbeat, release_connection
+from runs_app.engine.recording import Recorder, redact
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TASK_TIMEOUT = 600
-FLUSH_EVERY_SECONDS = 0.5
 MAX_PARSED_BYTES = 64 << 20
 # The final reply kept with the trajectory criteria read (for `evaluate` to grade it again).
 FINAL_TEXT_CAP = 100_000
@@ -171,205 +171,6 @@ class DiskWatch:
             return False
         self.next_check = time.monotonic() + self.EVERY_SECONDS
         return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
-
-
-class Recorder:
-    """Buffers a trial's events and writes them in small batches (capped per trial)."""
-
-    def __init__(
-        self,
-        trial_id: int,
-        secrets: list[str],
-        first_attempt: bool = False,
-        run_id: int | None = None,
-        lease: "Heartbeat | None" = None,
-    ):
-        self.trial_id, self.run_id = trial_id, run_id
-        self.secrets = secrets
-        # Events are written only while this worker holds the trial's lease: a host cut off from
-        # the database that comes back after its trial went to another host writes nothing to it.
-        self.lease = lease
-        # A first attempt has no events yet (the reaper only writes to re-queued trials).
-        last = (
-            0
-            if first_attempt
-            else (
-                TrialEvent.objects.filter(trial_id=trial_id)
-                .order_by("-seq")
-                .values_list("seq", flat=True)
-                .first()
-            )
-        )
-        self.seq = last or 0
-        self.count = 0
-        self.dropped = 0
-        self.buffer: list[TrialEvent] = []
-        self.last_flush = time.monotonic()
-
-    def add(self, kind: str, data: dict[str, Any]) -> None:
-        if self.count >= settings.TRIAL_EVENT_CAP:
-            self.dropped += 1
-            return
-        self.count += 1
-        self.seq += 1
-        data = _redact(data, self.secrets)
-        self.buffer.append(
-            TrialEvent(trial_id=self.trial_id, seq=self.seq, at=timezone.now(), kind=kind, data=data)
-        )
-        if time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
-            self.flush()
-
-    def phase(self, name: str, flush: bool = False, **data: Any) -> None:
-        """A phase change; `flush` writes it at once (the run page shows it live)."""
-        self.add(TrialEvent.Kind.PHASE, {"phase": name, **data})
-        if flush:
-            self.flush()
-
-    def flush(self, fenced: bool = False) -> bool:
-        """Write the buffered events; True when there were some and their pages were told.
-        `fenced`: the caller's transaction has just checked the lease (storing the outcome)."""
-        wrote = bool(self.buffer)
-        if wrote:
-            # The events and their notice commit together (a notice outside the transaction was
-            # a commit of its own); inside the outcome's transaction, as part of it.
-            with transaction.atomic(savepoint=False):
-                if not fenced and not self._lease_held():
-                    self.buffer = []
-                    return False
-                TrialEvent.objects.bulk_create(self.buffer)
-                if self.run_id is not None:  # the trial page streams its transcript
-                    live.publish(self.run_id, self.trial_id)
-            self.buffer = []
-            release_connection()
-        self.last_flush = time.monotonic()
-        return wrote and self.run_id is not None
-
-    def _lease_held(self) -> bool:
-        """Whether this worker still holds the trial, with its row locked until the events are in
-        (the reaper's re-queue waits for them, or they wait for it and are not written)."""
-        if self.lease is None:
-            return True
-        held = Trial.objects.select_for_update().filter(
-            pk=self.trial_id, status=Trial.Status.RUNNING, lease_owner=self.lease.worker
-        )
-        if list(held.values_list("pk", flat=True)):
-            return True
-        logger.warning("trial %s: lease lost; events from %s not kept", self.trial_id, self.lease.worker)
-        self.lease.lease_lost.set()
-        return False
-
-
-def release_connection() -> None:
-    """Give this thread's database connection back before a wait (a command, an agent's next
-    line) when the worker runs many trials in threads (WORKER_SLOTS): their connections come
-    from a small pool, and a trial waiting on its agent must not hold one. A prefork worker
-    keeps its one connection: reconnecting per command would cost more than it saves; so does
-    SQLite's, which is a file, not a server's slot."""
-    if (
-        settings.WORKER_SLOTS
-        and "pool" in connection.settings_dict["OPTIONS"]
-        and not connection.in_atomic_block
-    ):
-        connection.close()
-
-
-class Heartbeat:
-    """One trial's view of its process's lease keeper: whether its run was cancelled or its
-    lease lost (reaped while we looked dead, or finished elsewhere)."""
-
-    def __init__(self, trial: Trial, worker: str):
-        self.trial_id, self.run_id, self.worker = trial.pk, trial.run_id, worker
-        self.cancelled = threading.Event()
-        self.lease_lost = threading.Event()
-
-    def start(self) -> None:
-        LeaseKeeper.shared().add(self)
-
-    def stop(self) -> None:
-        LeaseKeeper.shared().remove(self)
-
-    def stop_reason(self) -> str | None:
-        if self.lease_lost.is_set():
-            return "lease_lost"
-        if self.cancelled.is_set():
-            return "cancelled"
-        return None
-
-
-class LeaseKeeper(threading.Thread):
-    """One thread per worker process for all the trials it runs, however many run at once:
-    twice a second one query reads which of their runs were cancelled, and every third of the
-    lease one UPDATE renews their leases (a trial's own heartbeat thread would cost a thread
-    and two queries a second per trial in flight)."""
-
-    _instance: "LeaseKeeper | None" = None
-    _instance_lock = threading.Lock()
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="lease-keeper")
-        self.beats: set[Heartbeat] = set()
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.pid = os.getpid()
-
-    @classmethod
-    def shared(cls) -> "LeaseKeeper":
-        with cls._instance_lock:
-            # A forked pool process inherits the object but not the thread: start its own.
-            if cls._instance is None or cls._instance.pid != os.getpid():
-                cls._instance = cls()
-                cls._instance.start()
-            return cls._instance
-
-    def add(self, beat: Heartbeat) -> None:
-        with self.lock:
-            self.beats.add(beat)
-
-    def remove(self, beat: Heartbeat) -> None:
-        with self.lock:
-            self.beats.discard(beat)
-
-    def run(self) -> None:
-        renew_every = settings.TRIAL_LEASE_SECONDS / 3
-        next_renewal = time.monotonic() + renew_every
-        while not self.stopping.wait(0.5):
-            with self.lock:
-                beats = list(self.beats)
-            if not beats:
-                connection.close()  # idle: hold no connection
-                continue
-            try:
-                self._check_cancelled(beats)
-                if time.monotonic() >= next_renewal:
-                    self._renew(beats)
-                    next_renewal = time.monotonic() + renew_every
-            except DatabaseError:
-                # A busy or restarting database must not end the heartbeat: the next
-                # tick tries again, well before the leases run out.
-                logger.warning("lease keeper: could not reach the database for %d trials", len(beats))
-                close_old_connections()
-
-    def _check_cancelled(self, beats: list[Heartbeat]) -> None:
-        runs = {beat.run_id for beat in beats}
-        cancelled = set(Run.objects.filter(pk__in=runs, cancel_requested=True).values_list("pk", flat=True))
-        for beat in beats:
-            if beat.run_id in cancelled:
-                beat.cancelled.set()
-
-    def _renew(self, beats: list[Heartbeat]) -> None:
-        expires = timezone.now() + timedelta(seconds=settings.TRIAL_LEASE_SECONDS)
-        by_worker: dict[str, list[Heartbeat]] = {}
-        for beat in beats:
-            by_worker.setdefault(beat.worker, []).append(beat)
-        for worker, group in by_worker.items():
-            ids = [beat.trial_id for beat in group]
-            held = Trial.objects.filter(pk__in=ids, status=Trial.Status.RUNNING, lease_owner=worker)
-            if held.update(lease_expires_at=expires) == len(ids):
-                continue
-            still = set(held.values_list("pk", flat=True))
-            for beat in group:
-                if beat.trial_id not in still:
-                    beat.lease_lost.set()  # reaped, or finished elsewhere: stop working
 
 
 class TrialExecution:
@@ -793,8 +594,8 @@ class TrialExecution:
             visible_turns=len(agent.tool_calls) + (1 if agent.final_text else 0),
             usage=agent.usage,
             exit_code=agent.exit_code,
-            stdout=_redact(result.stdout[:cap], self.secret_values) if result else "",
-            stderr=_redact(result.stderr[:cap], self.secret_values) if result else "",
+            stdout=redact(result.stdout[:cap], self.secret_values) if result else "",
+            stderr=redact(result.stderr[:cap], self.secret_values) if result else "",
         )
         if agent.status == agent_base.CANCELLED or (result and result.stop_reason == "lease_lost"):
             lost = result is not None and result.stop_reason == "lease_lost"
@@ -805,7 +606,7 @@ class TrialExecution:
         if agent.status == agent_base.ERROR:
             outcome.status = Trial.Status.ERROR
             outcome.error_category = agent.error_category or "agent_error"
-            outcome.error_message = _redact(agent.error or "the agent failed", self.secret_values)
+            outcome.error_message = redact(agent.error or "the agent failed", self.secret_values)
         elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
             outcome.stopped_early = self.early_stop.reason
         elif agent.status == agent_base.LIMIT:
@@ -1047,7 +848,7 @@ class TrialExecution:
             "cost_usd": usage.cost_usd or 0.0,
             "turns": usage.turns,
             "error_category": outcome.error_category,
-            "error_message": _redact(outcome.error_message, self.secret_values),
+            "error_message": redact(outcome.error_message, self.secret_values),
             "timed_out": outcome.timed_out,
             "budget_exceeded": outcome.budget_exceeded,
             "stopped_early": outcome.stopped_early,
@@ -1056,7 +857,7 @@ class TrialExecution:
             "agent_exit_code": outcome.exit_code,
             "agent_stdout": outcome.stdout,
             "agent_stderr": outcome.stderr,
-            "diff": _redact(outcome.diff, self.secret_values),
+            "diff": redact(outcome.diff, self.secret_values),
             "diff_truncated": outcome.diff_truncated,
             "artifact": outcome.artifact,
         }
@@ -1092,7 +893,7 @@ def criterion_rows(trial_id: int, results: list, secrets: list[str] = ()) -> lis
         CriterionResult(
             trial_id=trial_id, index=c.index, type=c.type, description=c.description, score=c.score,
             passed=c.passed, weight=c.weight, pass_threshold=c.pass_threshold, gating=c.gating,
-            details=_redact(c.details, list(secrets)), error=c.error or "",
+            details=redact(c.details, list(secrets)), error=c.error or "",
         )
         for c in results
     ]  # fmt: skip
@@ -1144,17 +945,3 @@ def _refused_secrets(names: list[str]) -> Outcome | None:
         f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
         "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
     )
-
-
-def _redact(value: Any, secrets: list[str]) -> Any:
-    """What an agent wrote, made safe to store: secret values replaced (they never reach the
-    database: not in events, output or criterion details) and NUL characters, which PostgreSQL
-    text cannot hold, replaced by U+FFFD."""
-    if isinstance(value, str):
-        value = value.replace("\x00", "\ufffd")
-        return sandbox.redact(value, secrets) if secrets else value
-    if isinstance(value, dict):
-        return {_redact(key, secrets): _redact(item, secrets) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redact(item, secrets) for item in value]
-    return value

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs_app import control
 from runs_app.analysis import rollup
-from runs_app.engine import runner
+from runs_app.engine import leases, runner
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tests.factories import launched_smoke_run
@@ -66,10 +66,10 @@ def test_the_reaper_ends_a_cancelled_runs_orphaned_trial_and_the_run(run):
 def test_the_lease_keeper_survives_a_database_error_and_renews_every_lease(run, settings):
     settings.TRIAL_LEASE_SECONDS = 1.5
     trials = list(Trial.objects.filter(run=run)[:3])
-    keeper = runner.LeaseKeeper()
+    keeper = leases.LeaseKeeper()
     for trial in trials:
         assert runner.claim(trial.pk, "w")
-        keeper.add(runner.Heartbeat(trial, "w"))
+        keeper.add(leases.Heartbeat(trial, "w"))
     Trial.objects.filter(pk=trials[2].pk).update(lease_owner="someone-else")  # reaped, taken
     calls = {"n": 0}
     real_filter = Run.objects.filter
@@ -91,8 +91,8 @@ def test_the_lease_keeper_survives_a_database_error_and_renews_every_lease(run, 
         finally:
             keeper.stopping.set()
             keeper.join(5)
-    leases = dict(Trial.objects.filter(pk__in=[t.pk for t in trials]).values_list("pk", "lease_expires_at"))
-    assert all(leases[t.pk] > before + timedelta(seconds=1.4) for t in trials[:2])
+    expiries = dict(Trial.objects.filter(pk__in=[t.pk for t in trials]).values_list("pk", "lease_expires_at"))
+    assert all(expiries[t.pk] > before + timedelta(seconds=1.4) for t in trials[:2])
     lost = [beat.trial_id for beat in keeper.beats if beat.stop_reason() == "lease_lost"]
     assert lost == [trials[2].pk]
 

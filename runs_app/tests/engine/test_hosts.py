@@ -9,7 +9,7 @@ from conftest import WorkerProcess, wait_for
 from evalsite.versioning import code_version, trial_queue
 from experiments_app.models import Bundle
 from runs_app import control
-from runs_app.engine import bundle_cache, runner
+from runs_app.engine import bundle_cache, leases, recording, runner
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial, TrialEvent, Worker
 from runs_app.tests.engine.test_runner_worker import small_suite, wait_for_run
@@ -84,8 +84,8 @@ def test_a_worker_that_lost_its_lease_writes_no_more_events(tmp_path):
     trial = launch_run(experiment).trials.get()
     assert runner.claim(trial.pk, "host-a@a:1")
     trial.refresh_from_db()
-    lease = runner.Heartbeat(trial, "host-a@a:1")
-    recorder = runner.Recorder(trial.pk, [], first_attempt=True, run_id=trial.run_id, lease=lease)
+    lease = leases.Heartbeat(trial, "host-a@a:1")
+    recorder = recording.Recorder(trial.pk, [], first_attempt=True, run_id=trial.run_id, lease=lease)
     recorder.phase("agent", flush=True)
     assert TrialEvent.objects.filter(trial=trial).count() == 1 and not lease.lease_lost.is_set()
 
