@@ -251,6 +251,8 @@ class TrialOut(Schema):
     cache_read_tokens: int
     cache_creation_tokens: int
     cost_usd: float
+    answerer_cost_usd: float
+    judge_cost_usd: float
     turns: int
     timed_out: bool
     budget_exceeded: str

@@ -45,6 +45,16 @@ class Run(models.Model):
         FINISHED = "finished"
         CANCELLED = "cancelled"
 
+    class Suite(models.TextChoices):
+        """Where its `hooks.suite` stands (NONE: it has none)."""
+
+        NONE = "", "no suite hooks"
+        PENDING = "pending", "waiting for a worker"
+        SETTING_UP = "setting_up", "setting up"
+        READY = "ready", "ready"
+        FAILED = "failed", "setup failed"
+        TORN_DOWN = "torn_down", "torn down"
+
     experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="runs")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     config = models.JSONField(default=dict, help_text="Frozen experiment, variants and overrides")
@@ -61,6 +71,16 @@ class Run(models.Model):
     any_code_version = models.BooleanField(default=False)
     # Why the run stopped before its end, in words (fail-fast: the error every trial hit).
     stop_reason = models.TextField(blank=True)
+    # hooks.suite: set up once on one worker host, whose workers then take every trial; the worker
+    # holding it renews its lease, and teardown runs there once the run has ended.
+    suite_status = models.CharField(max_length=16, choices=Suite.choices, blank=True, default=Suite.NONE)
+    suite_host = models.CharField(max_length=200, blank=True)
+    suite_owner = models.CharField(max_length=200, blank=True)
+    suite_lease_expires_at = models.DateTimeField(null=True, blank=True)
+    suite_attempt = models.PositiveIntegerField(default=0)
+    # Each setup and teardown command's output, as the run page shows it.
+    suite_log = models.JSONField(default=list, blank=True)
+    suite_error = models.TextField(blank=True)
     # Its UnitTally rows are complete (runs from before the tallies are rolled up when first read).
     tallied = models.BooleanField(default=False)
     # Bumped by every change to its tallies: a comparison computed at one version holds until the next.
@@ -204,6 +224,12 @@ class Trial(models.Model):
     cache_creation_tokens = models.PositiveBigIntegerField(default=0)
     cost_usd = models.FloatField(default=0.0)
     turns = models.PositiveIntegerField(default=0)
+    # The model calls the worker made for the trial besides the agent's, by role: {"answerer":
+    # {input_tokens, output_tokens, ..., cost_usd, calls}, "judge": {...}}. The columns above are
+    # the agent's; the two costs below are summed into the unit tallies.
+    role_usage = models.JSONField(default=dict, blank=True)
+    answerer_cost_usd = models.FloatField(default=0.0)
+    judge_cost_usd = models.FloatField(default=0.0)
     error_category = models.CharField(max_length=50, blank=True)
     error_message = models.TextField(blank=True)
     timed_out = models.BooleanField(default=False)
@@ -345,7 +371,9 @@ class UnitTally(models.Model):
     duration_sum = models.FloatField(default=0.0)
     duration_n = models.PositiveIntegerField(default=0)
     tokens = models.PositiveBigIntegerField(default=0)
-    cost = models.FloatField(default=0.0)
+    cost = models.FloatField(default=0.0)  # the agent's
+    answerer_cost = models.FloatField(default=0.0)
+    judge_cost = models.FloatField(default=0.0)
     first_trial_id = models.BigIntegerField(null=True)
     fingerprint_min = models.CharField(max_length=64, blank=True)
     fingerprint_max = models.CharField(max_length=64, blank=True)

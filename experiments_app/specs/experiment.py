@@ -16,6 +16,7 @@ from experiments_app.specs.gates import GATE_TYPES, Gate, gate_issues
 from experiments_app.specs.task import (
     KEBAB_RE,
     AgentSpec,
+    Budgets,
     HooksSpec,
     PostRunCommand,
     PreRunCommand,
@@ -23,6 +24,7 @@ from experiments_app.specs.task import (
     ReferenceSpec,
     RunLimits,
     SandboxSpec,
+    SimulationSpec,
     TaskSpec,
     TemplateSource,
     _slug,
@@ -49,8 +51,9 @@ class TaskOverlay(SpecModel):
     pre_run: list[PreRunCommand] | None = None
     post_run: list[PostRunCommand] | None = None
     hooks: HooksSpec | None = None
+    budgets: Budgets | None = None
     reference: ReferenceSpec | None = None
-    simulation: dict[str, Any] | None = None
+    simulation: SimulationSpec | None = None
     expected_commands: int | None = Field(default=None, ge=1)
     template_sources: list[TemplateSource] | None = None
     driver: Literal["tempdir", "docker"] | None = None
@@ -86,6 +89,14 @@ class VariantSpec(TaskOverlay):
         ]
         if len(given) > 1:
             raise SpecError(((given[1],), f"set only one of {', '.join(given)} in a variant"))
+        if self.hooks is not None and self.hooks.suite is not None:
+            raise SpecError(
+                (
+                    ("hooks", "suite"),
+                    "hooks.suite runs once per run, for every variant: set it in the experiment's "
+                    "defaults, not in a variant",
+                )
+            )
         return self
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -250,6 +251,39 @@ class RunLimits(SpecModel):
     max_tool_calls: int | None = Field(default=None, ge=1, le=100_000)
 
 
+class RoleBudget(SpecModel):
+    """evalsite: what the model calls the worker makes for one role of a trial may spend; the
+    next call past it is refused."""
+
+    max_input_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_total_tokens: int | None = Field(default=None, ge=1, le=10**12)
+    max_usd: float | None = Field(default=None, gt=0.0, le=1_000_000.0, allow_inf_nan=False)
+    max_calls: int | None = Field(default=None, ge=1, le=100_000)
+
+
+class Budgets(SpecModel):
+    """evalsite: budgets by role. The agent's own budget is `run_limits`; the simulated user's
+    (`answerer`: a conversation it cannot go on with ends, and is graded) and the judge's
+    (`judge`: a refused llm_judge call makes the trial an error) are set here."""
+
+    answerer: RoleBudget | None = None
+    judge: RoleBudget | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_agent(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "agent" in data:
+            raise SpecError(
+                (
+                    ("agent",),
+                    "the agent's budget is run_limits (max_total_tokens, max_usd, max_turns...): "
+                    "budgets names the other roles, answerer and judge",
+                )
+            )
+        return data
+
+
 class PreRunCommand(SpecModel):
     command: str
     timeout: int = Field(default=30, ge=1, le=300)
@@ -276,19 +310,82 @@ class TrialHooks(SpecModel):
     after: list[HookCommand] = Field(default_factory=list)
 
 
+class SuiteHooks(SpecModel):
+    """evalsite: commands once per run, on the worker host that runs its trials, in a sandbox of
+    their own whose folder every trial sees read-only at $EVALSITE_SUITE_DIR. What `setup` leaves
+    running (a fixture service on a unix socket in that folder) keeps running until `teardown`,
+    which runs in the same sandbox once the run has ended, whatever happened (also after a failed
+    setup). A failed setup makes every trial of the run an error, never a fail."""
+
+    setup: list[HookCommand] = Field(default_factory=list)
+    teardown: list[HookCommand] = Field(default_factory=list)
+
+
 class HooksSpec(SpecModel):
     trial: TrialHooks | None = None
-    suite: Any = None
+    # Set only in an experiment's defaults: a task or variant cannot change what a whole run shares.
+    suite: SuiteHooks | None = None
 
-    @field_validator("suite")
+
+# The answerers built in (`runs_app.engine.answerers`); packages add others with an entry point in
+# this group.
+BUILTIN_ANSWERERS = ("persona", "scripted")
+ANSWERER_ENTRY_POINT_GROUP = "evalsite.answerers"
+
+
+def known_answerers() -> list[str]:
+    plugins = {ep.name for ep in entry_points(group=ANSWERER_ENTRY_POINT_GROUP)} - set(BUILTIN_ANSWERERS)
+    return [*BUILTIN_ANSWERERS, *sorted(plugins)]
+
+
+# Agent kinds that can continue their session with the simulated user's reply.
+RESUMABLE_KINDS = ("claude-code", "codex", "command")
+
+
+class SimulationSpec(SpecModel):
+    """coder-eval's simulated user: after each agent turn an answerer reads the agent's reply and
+    answers it, until it says the stop token or `max_turns` agent turns have run; then the trial
+    is graded. evalsite: `answerer` names who answers (`persona`: an LLM playing `persona` with
+    `goal`; `scripted`: `answers` in order, the stop token after the last; or an installed
+    plugin), and defaults to `scripted` when `answers` are given, else `persona`."""
+
+    enabled: bool = False
+    model: str | None = None
+    persona: str | None = None
+    goal: str | None = None
+    constraints: list[str] = Field(default_factory=list)
+    max_turns: int = Field(default=8, ge=1, le=100)
+    stop_token: str = Field(default="<<<END>>>", min_length=1)
+    stop_on_criteria_pass: bool = False
+    max_total_tokens: int | None = Field(default=None, gt=0)
+    n_trials: int = Field(default=1, ge=1, le=1)
+    check_criteria: Literal["end_of_dialog", "every_turn", "both"] = "end_of_dialog"
+    answerer: str | None = None
+    answers: list[str] = Field(default_factory=list)
+
+    @field_validator("n_trials", mode="before")
     @classmethod
-    def _suite(cls, v: Any) -> Any:
-        if v is not None:
+    def _n_trials(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
             raise ValueError(
-                "hooks.suite (setup and teardown once per run) is not built yet: remove it, and start "
-                "what each trial needs in hooks.trial.before"
+                "n_trials > 1 repeats the conversation: in evalsite set the experiment's (or the "
+                "variant's) repeats instead, each repeat is one conversation"
             )
         return v
+
+    @field_validator("answerer")
+    @classmethod
+    def _answerer(cls, v: str | None) -> str | None:
+        if v is not None and v not in known_answerers():
+            raise ValueError(
+                f"unknown answerer {v!r}; expected one of: {', '.join(known_answerers())} (packages add "
+                f"answerers through the {ANSWERER_ENTRY_POINT_GROUP!r} entry-point group)"
+            )
+        return v
+
+    @property
+    def answerer_name(self) -> str:
+        return self.answerer or ("scripted" if self.answers else "persona")
 
 
 class ReferenceSpec(SpecModel):
@@ -406,9 +503,10 @@ class TaskSpec(SpecModel):
     pre_run: list[PreRunCommand] = Field(default_factory=list)
     post_run: list[PostRunCommand] = Field(default_factory=list)
     hooks: HooksSpec | None = None
+    budgets: Budgets | None = None
     reference: ReferenceSpec | None = None
     dataset: DatasetSpec | None = None
-    simulation: dict[str, Any] | None = None
+    simulation: SimulationSpec | None = None
     expected_commands: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="before")
@@ -450,6 +548,8 @@ class TaskSpec(SpecModel):
             *_prompt_issues(self, resolved),
             *_criteria_issues(self, resolved),
             *_early_stop_issues(self),
+            *_simulation_issues(self),
+            *_suite_hook_issues(self, resolved),
         ]
         if issues:
             raise SpecError(*issues)
@@ -464,7 +564,7 @@ def _prompt_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[s
     if task.is_agentless and has_prompt and not resolved:
         field = "initial_prompt" if task.initial_prompt is not None else "initial_prompt_file"
         return [((field,), "an agent of type none reads no prompt: remove it or pick another agent type")]
-    simulated = bool((task.simulation or {}).get("enabled"))
+    simulated = task.simulation is not None and task.simulation.enabled
     if not has_prompt and not task.is_agentless and not simulated:
         return [
             (
@@ -473,6 +573,72 @@ def _prompt_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple[s
             )
         ]
     return []
+
+
+def _simulation_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """What a conversation needs: an agent that can resume, someone to answer, no early stop."""
+    sim = task.simulation
+    if sim is None or not sim.enabled:
+        return []
+    issues: list[tuple[tuple[str | int, ...], str]] = []
+    kind = task.agent.type if task.agent is not None and task.agent.type else agent_kinds.DEFAULT_KIND
+    if kind in agent_kinds.BUILTIN_KINDS and kind not in RESUMABLE_KINDS:
+        issues.append(
+            (
+                ("agent", "type"),
+                f"a simulation answers the agent turn after turn, and agent type {kind} cannot resume "
+                f"its session: use one of {', '.join(RESUMABLE_KINDS)}, or switch the simulation off "
+                "(simulation.enabled: false)",
+            )
+        )
+    if sim.answerer_name == "persona":
+        for key in ("persona", "goal"):
+            if not (getattr(sim, key) or "").strip():
+                issues.append(
+                    (
+                        ("simulation", key),
+                        f"required by the persona answerer: describe the simulated user's {key}, or "
+                        "give `answers:` for the scripted answerer",
+                    )
+                )
+    elif sim.answerer_name == "scripted" and not sim.answers:
+        issues.append((("simulation", "answers"), "the scripted answerer needs at least one answer"))
+    if sim.answers and sim.answerer_name != "scripted":
+        issues.append(
+            (("simulation", "answers"), f"only the scripted answerer reads answers, not {sim.answerer_name}")
+        )
+    if sim.stop_on_criteria_pass and sim.check_criteria == "end_of_dialog":
+        issues.append(
+            (
+                ("simulation", "stop_on_criteria_pass"),
+                "needs the criteria checked during the conversation: set check_criteria to "
+                "every_turn or both",
+            )
+        )
+    limits = task.run_limits
+    armed = any(getattr(c, "stop_early", None) is not None for c in task.success_criteria)
+    if armed and not (limits is not None and limits.stop_early is False):
+        issues.append(
+            (
+                ("simulation",),
+                "a stop_early criterion cannot watch a conversation (coder-eval refuses the pair too): "
+                "disarm it (run_limits.stop_early: false) or switch the simulation off",
+            )
+        )
+    return issues
+
+
+def _suite_hook_issues(task: TaskSpec, resolved: bool) -> list[tuple[tuple[str | int, ...], str]]:
+    # A resolved config carries the experiment's suite hooks (they are part of what a trial ran).
+    if resolved or task.hooks is None or task.hooks.suite is None:
+        return []
+    return [
+        (
+            ("hooks", "suite"),
+            "hooks.suite runs once per run, for every task: set it in the experiment's defaults, "
+            "not in a task (hooks.trial runs around each trial)",
+        )
+    ]
 
 
 def _early_stop_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]:

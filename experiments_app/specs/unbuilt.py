@@ -15,7 +15,6 @@ Loc = tuple[str | int, ...]
 
 # (path, what it is in coder-eval, what to do instead)
 _UNBUILT: list[tuple[Loc, str, str]] = [
-    (("simulation",), "a simulated user answering the agent", "remove it; multi-turn tasks are not run yet"),
     (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
     (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
     (
@@ -38,7 +37,7 @@ def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
     found = []
     for path, what, instead in _UNBUILT:
         value = _get(data, path)
-        if _set(path, value):
+        if _set(value):
             found.append(
                 (
                     path,
@@ -75,8 +74,6 @@ def _get(data: dict, path: Loc) -> Any:
     return value
 
 
-def _set(path: Loc, value: Any) -> bool:
+def _set(value: Any) -> bool:
     """Whether a value asks for the feature: present, and not an explicit off or empty."""
-    if value is None or value is False or value in ([], {}, ""):
-        return False
-    return not (path == ("simulation",) and isinstance(value, dict) and value.get("enabled") is False)
+    return not (value is None or value is False or value in ([], {}, ""))

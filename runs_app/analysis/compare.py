@@ -49,7 +49,7 @@ class Run(Protocol):
 
 # Cell fields that add up when two cells merge.
 SUMMED = ("passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n")
-SUMMED += ("duration_sum", "duration_n", "tokens", "cost", "dataset_rows")
+SUMMED += ("duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost")
 # Summary CSV column -> Versus attribute.
 VERSUS_COLUMNS = {
     "paired_units": "units",
@@ -89,6 +89,9 @@ class Cell:
     # Smallest and largest config fingerprint: equal when every trial ran the same config.
     fingerprints: tuple[str, str] = ("", "")
     dataset_rows: int = 0
+    # What the simulated user's and the judge's model calls cost (`cost` is the agent's).
+    answerer_cost: float = 0.0
+    judge_cost: float = 0.0
 
     @property
     def tally(self) -> Tally:
@@ -251,7 +254,9 @@ class ArmSummary:
     pass_at_k_units: dict[int, int]  # units with at least k graded trials
     pass_hat_k: dict[int, float]
     tokens: int
-    cost: float
+    cost: float  # the agent's calls only; the answerer's and the judge's are apart
+    answerer_cost: float
+    judge_cost: float
     cost_per_pass: float | None
     cost_per_pass_low: float | None
     cost_per_pass_high: float | None
@@ -380,6 +385,8 @@ class Comparison:
                 "tokens": arm.tokens,
                 "cost_usd": arm.cost,
                 "cost_per_pass_usd": arm.cost_per_pass,
+                "answerer_cost_usd": arm.answerer_cost,
+                "judge_cost_usd": arm.judge_cost,
             }
             for k in range(1, self.max_k + 1):
                 row[f"pass@{k}"] = arm.pass_at_k.get(k)
@@ -574,6 +581,8 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         **curves,
         tokens=sum(cell.tokens for cell in cells),
         cost=cost,
+        answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
+        judge_cost=math.fsum(cell.judge_cost for cell in cells),
         cost_per_pass=per_pass.estimate if per_pass else None,
         cost_per_pass_low=max(0.0, per_pass.low) if per_pass and per_pass.se is not None else None,
         cost_per_pass_high=per_pass.high if per_pass and per_pass.se is not None else None,

@@ -39,6 +39,8 @@ _FIELDS = {
     "cache_read_tokens": "cache_read_tokens",
     "cache_creation_tokens": "cache_creation_tokens",
     "cost_usd": "cost_usd",
+    "answerer_cost_usd": "answerer_cost_usd",
+    "judge_cost_usd": "judge_cost_usd",
     "turns": "turns",
     "timed_out": "timed_out",
     "budget_exceeded": "budget_exceeded",

@@ -106,7 +106,8 @@ CELL_FIELDS = (
 def _tally_rows(run_ids: list[int], criteria: bool) -> list[tuple[int, int, int, str, Cell, dict]]:
     """(run id, variant id, task version id, dataset row id, Cell, criteria) per unit tally."""
     fields = ("run_id", "variant_id", "task_version_id", "dataset_row_id", *CELL_FIELDS,
-              "fingerprint_min", "fingerprint_max", "dataset_rows")  # fmt: skip
+              "fingerprint_min", "fingerprint_max", "dataset_rows", "answerer_cost",
+              "judge_cost")  # fmt: skip
     query = UnitTally.objects.filter(run_id__in=run_ids).order_by()
     if criteria:
         fields = (*fields, "criteria")
@@ -114,8 +115,11 @@ def _tally_rows(run_ids: list[int], criteria: bool) -> list[tuple[int, int, int,
     for row in query.values_list(*fields):
         # Positional: CELL_FIELDS are Cell's first fields, in order (a dict per row cost 1 s a
         # million rows).
-        cell = Cell(*row[4:17], fingerprints=(row[17], row[18]), dataset_rows=row[19])
-        rows.append((*row[:4], cell, row[20] if criteria else {}))
+        cell = Cell(
+            *row[4:17], fingerprints=(row[17], row[18]), dataset_rows=row[19], answerer_cost=row[20],
+            judge_cost=row[21],
+        )  # fmt: skip
+        rows.append((*row[:4], cell, row[22] if criteria else {}))
     return rows
 
 

@@ -90,6 +90,8 @@ def _variant_row(arm: ArmSummary, summary: Comparison) -> dict[str, Any]:
         "tokens": arm.tokens,
         "cost_usd": arm.cost,
         "cost_per_pass_usd": arm.cost_per_pass,
+        "answerer_cost_usd": arm.answerer_cost,
+        "judge_cost_usd": arm.judge_cost,
         "flaky": arm.flaky,
         "not_comparable": arm.not_comparable,
         "paired_units": versus.units if versus else None,

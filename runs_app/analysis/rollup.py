@@ -62,6 +62,8 @@ def _add(tally: UnitTally, trial: Trial, criteria: Sequence[CriterionResult]) ->
         trial.input_tokens + trial.output_tokens + trial.cache_read_tokens + trial.cache_creation_tokens
     )
     tally.cost += trial.cost_usd or 0.0
+    tally.answerer_cost += trial.answerer_cost_usd or 0.0
+    tally.judge_cost += trial.judge_cost_usd or 0.0
     if status in (Trial.Status.PASSED, Trial.Status.FAILED):
         if trial.score is not None:
             tally.score_sum, tally.score_n = tally.score_sum + trial.score, tally.score_n + 1
@@ -162,6 +164,8 @@ def grouped_trials(trials) -> dict[tuple[int, int, str], dict[str, Any]]:
             F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_creation_tokens")
         ),
         "cost": Sum("cost_usd"),
+        "answerer_cost": Sum("answerer_cost_usd"),
+        "judge_cost": Sum("judge_cost_usd"),
         "first_trial_id": Min("pk"),
         "fingerprint_min": Min(fingerprint),
         "fingerprint_max": Max(fingerprint),
@@ -190,6 +194,8 @@ def _values(values: dict[str, Any]) -> dict[str, Any]:
         # PostgreSQL sums bigints as numeric: Decimal, not int.
         "tokens": int(values["tokens"] or 0),
         "cost": float(values["cost"] or 0.0),
+        "answerer_cost": float(values["answerer_cost"] or 0.0),
+        "judge_cost": float(values["judge_cost"] or 0.0),
         "fingerprint_min": values["fingerprint_min"] or "",
         "fingerprint_max": values["fingerprint_max"] or "",
     }

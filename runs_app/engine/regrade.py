@@ -64,6 +64,7 @@ def regrade(
             final_text=trajectory.get("final_text", ""),
             tool_calls=trajectory.get("tool_calls", []),
         )
+        runner.dialog = trajectory.get("dialog", [])
         runner.grade(outcome)
         runner.run_steps("post_run", fatal=False)
     except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError, environments.InstallError) as exc:

@@ -15,6 +15,7 @@ engine never reaches back into run control.
 6. Persist everything in one transaction, conditional on still holding the lease.
 """
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -39,7 +40,17 @@ from django.utils import timezone
 from evalsite.versioning import code_version
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
-from runs_app.engine import agents, criteria, environments, gateway, sandbox, workspace
+from runs_app.engine import (
+    agents,
+    answerers,
+    conversation,
+    criteria,
+    environments,
+    gateway,
+    roles,
+    sandbox,
+    workspace,
+)
 from runs_app.engine.agents import base as agent_base
 from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
 from runs_app.engine.bundle_cache import bundle_blob
@@ -173,6 +184,71 @@ class DiskWatch:
         return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
 
 
+@dataclass
+class AgentRun:
+    """The agent's process for one trial: one run, or the turns of a conversation in one session."""
+
+    kind: agents.AgentKind
+    config: dict
+    gateway: gateway.Gateway | None
+    secrets: dict[str, str]
+    limits: sandbox.Limits
+    session: str = ""
+    budget: str = ""  # a role's budget that ended the conversation ("answerer.max_usd")
+    turns: list[tuple[agent_base.AgentOutcome, sandbox.ProcessResult | None]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def last(self) -> agent_base.AgentOutcome:
+        return self.turns[-1][0]
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [call for outcome, _ in self.turns for call in outcome.tool_calls]
+
+    @property
+    def seconds(self) -> float:
+        return sum(result.duration_seconds for _, result in self.turns if result is not None)
+
+    def add(
+        self, outcome: agent_base.AgentOutcome, result: sandbox.ProcessResult | None, session: str
+    ) -> None:
+        self.turns.append((outcome, result))
+        self.session = session or self.session
+
+    def usage_with(self, current: agent_base.Usage) -> agent_base.Usage:
+        """What the agent reported over its earlier turns, plus `current`."""
+        return agent_base.summed([*(outcome.usage for outcome, _ in self.turns), current])
+
+    def limits_now(self) -> sandbox.Limits:
+        """The task's wall clock covers the whole conversation, not each turn."""
+        left = self.limits.wall_seconds - (time.monotonic() - self.started)
+        return dataclasses.replace(self.limits, wall_seconds=max(1.0, left))
+
+    def outcome(self) -> agent_base.AgentOutcome:
+        """The whole run as one outcome: how the last turn ended, every turn's tool calls and
+        usage (the gateway's count when it saw calls: it counted every turn)."""
+        usage = agent_base.summed([outcome.usage for outcome, _ in self.turns])
+        if self.gateway is not None and self.gateway.calls:
+            usage = self.gateway.totals()
+        denials = [denial for outcome, _ in self.turns for denial in outcome.permission_denials]
+        return dataclasses.replace(
+            self.last, tool_calls=self.tool_calls, usage=usage, permission_denials=denials
+        )
+
+    def result(self) -> sandbox.ProcessResult | None:
+        """How the last process ended, with every turn's output."""
+        results = [result for _, result in self.turns if result is not None]
+        if len(results) < 2:
+            return results[0] if results else None
+        return dataclasses.replace(
+            results[-1],
+            stdout="".join(result.stdout for result in results),
+            stderr="".join(result.stderr for result in results),
+            duration_seconds=self.seconds,
+        )
+
+
 class TrialExecution:
     def __init__(self, trial: Trial, worker: str):
         self.trial = trial
@@ -188,6 +264,10 @@ class TrialExecution:
         self.agent_process_seconds = 0.0
         self.root: Path | None = None
         self.early_stop: early_stop.EarlyStop | None = None
+        # Tokens and cost of the model calls the worker made for the trial itself, by role
+        # (answerer, judge); the agent's are the trial's own columns.
+        self.role_usage: dict[str, dict] = {}
+        self.dialog: list[dict] = []  # a simulated conversation, for the criteria
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -225,7 +305,7 @@ class TrialExecution:
             return outcome
 
         grading_started = time.perf_counter()
-        self.recorder.phase("grading")
+        self.recorder.phase("grading", flush=True)  # what was spent so far is kept, whatever grading does
         self.grade(outcome)
         timings["grading"] = time.perf_counter() - grading_started
         self.recorder.phase("post_run")
@@ -491,19 +571,45 @@ class TrialExecution:
                 **agent_config,
                 "base_url": model_gateway.upstreams[kind.apis(agent_config)[0]].sandbox_url,
             }
+        run = AgentRun(kind, agent_config, model_gateway, box_secrets, self._agent_limits())
+        simulation = self._simulation()
+        if simulation is None:
+            failure = self._agent_turn(run, self.trial.prompt)
+        else:
+            failure = self._converse(run, simulation)
+        if failure is not None:
+            return failure
+        agent = run.outcome()
+        self.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
+        outcome = self._agent_outcome(agent, run.result())
+        if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
+            outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
+        return outcome
+
+    def _agent_turn(self, run: "AgentRun", prompt: str, turn: int = 1) -> Outcome | None:
+        """One run of the agent's process: its first (`prepare`) or a later turn of a conversation
+        (`resume`, in the session the last turn reported). None when it ran (`run` holds how it
+        ended), else the error that kept it from starting."""
+        kind, model_gateway = run.kind, run.gateway
         try:
-            invocation = kind.prepare(
-                self.trial.prompt, self.paths.workspace, self.paths.home, agent_config, box_secrets
-            )
+            if turn == 1:
+                invocation = kind.prepare(
+                    prompt, self.paths.workspace, self.paths.home, run.config, run.secrets
+                )
+            else:
+                invocation = kind.resume(
+                    prompt, run.session, self.paths.workspace, self.paths.home, {**run.config, "turn": turn},
+                    run.secrets,
+                )  # fmt: skip
         except agents.AgentSetupError as exc:
             return Outcome(Trial.Status.ERROR, "setup", str(exc))
         if refused := _refused_secrets(invocation.secrets_needed):
             return refused
-        secrets = {name: box_secrets[name] for name in invocation.secrets_needed if box_secrets.get(name)}
+        secrets = {name: run.secrets[name] for name in invocation.secrets_needed if run.secrets.get(name)}
         self.secret_values += [value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY]
         agent_base.write_files(invocation)
         self._give_workspace_to_sandbox()
-        parser = kind.parser(agent_config)
+        parser = kind.parser(run.config)
         run_limits = self.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
         watcher = early_stop.Watcher.for_config(self.config)
@@ -525,10 +631,11 @@ class TrialExecution:
             events = parser.feed_line(line)
             for event in events:
                 self.recorder.add(event.kind, event.data)
-            if state["limit"] is None:  # what the agent itself reports counts too
-                state["limit"] = agent_base.budget_crossed(parser.usage, run_limits)
+            if state["limit"] is None:  # what the agent itself reports counts too, over every turn
+                state["limit"] = agent_base.budget_crossed(run.usage_with(parser.usage), run_limits)
             if state["limit"] is None and any(e.kind in ("tool_call", "tool_result") for e in events):
-                state["limit"] = self._tool_call_limit(parser.tool_calls, run_limits, watcher)
+                calls = [*run.tool_calls, *parser.tool_calls]
+                state["limit"] = self._tool_call_limit(calls, run_limits, watcher)
 
         disk = DiskWatch([self.paths.workspace, self.paths.home, self.paths.tmp], self._disk_bytes())
 
@@ -544,10 +651,10 @@ class TrialExecution:
         if invocation.argv is not None:
             result = self._sandboxed(
                 invocation.argv,
-                limits=self._agent_limits(),
+                limits=run.limits_now(),
                 secrets=secrets,
                 extra={**self._mock_path(), **invocation.env_extra},
-                mounts=self._agent_mounts(agent_config),
+                mounts=self._agent_mounts(run.config),
                 via=model_gateway,
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
@@ -560,17 +667,95 @@ class TrialExecution:
         if model_gateway is not None:
             model_gateway.settle()
         record_calls()
-        self.agent_process_seconds = result.duration_seconds if result else 0.0
         if model_gateway is not None and state["limit"] is None:
             state["limit"] = model_gateway.stop_reason()
         if state["limit"] is None and result is not None:
             state["limit"] = _resource_limit(result)
-        outcome = kind.finish(result, parser, limit_hit=state["limit"])
-        if model_gateway is not None and model_gateway.calls:
-            # The gateway saw every call: its tokens and cost are the ones stored.
-            outcome.usage = model_gateway.totals()
-        self.recorder.add(TrialEvent.Kind.USAGE, outcome.usage.as_dict())
-        return self._agent_outcome(outcome, result)
+        run.add(kind.finish(result, parser, limit_hit=state["limit"]), result, parser.session_id)
+        self.agent_process_seconds = run.seconds
+        return None
+
+    def _simulation(self) -> dict | None:
+        simulation = self.config.get("simulation") or {}
+        return simulation if simulation.get("enabled") else None
+
+    def _converse(self, run: "AgentRun", simulation: dict) -> Outcome | None:
+        """A simulated user's conversation with the agent (`conversation.converse`); None when it
+        ran to its end (graded next), else the error that ended the trial."""
+        name = simulation.get("answerer") or ("scripted" if simulation.get("answers") else "persona")
+        try:
+            answerer = answerers.get_answerer(name)
+        except answerers.UnknownAnswerer as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        if not run.kind.can_resume:
+            return Outcome(
+                Trial.Status.ERROR, "setup",
+                f"agent kind {self._agent_kind()} cannot resume a session, which a simulation needs",
+            )  # fmt: skip
+        client = None
+        if answerer.needs_model:
+            try:
+                _, upstream = roles.endpoint(os.environ, "EVALSITE_ANSWERER_PROVIDER")
+            except roles.ModelCallError as exc:
+                return Outcome(Trial.Status.ERROR, "setup", f"the {name} answerer cannot call a model: {exc}")
+            self.secret_values.append(upstream.key)
+            client = roles.RoleClient(
+                "answerer", self.root / "answerer.sock", upstream, self._budget("answerer")
+            )
+        details = {
+            **simulation,
+            "model": simulation.get("model") or os.environ.get("EVALSITE_ANSWERER_MODEL") or None,
+            "description": self.config.get("description") or "",
+        }
+        failures: list[Outcome] = []
+
+        def take_turn(prompt: str, turn: int) -> conversation.TurnEnd:
+            failure = self._agent_turn(run, prompt, turn)
+            if failure is not None:
+                failures.append(failure)
+                return conversation.TurnEnd("", completed=False)
+            return conversation.TurnEnd(run.last.final_text, run.last.status == agent_base.COMPLETED)
+
+        def tokens_used() -> int:
+            return run.outcome().usage.total_tokens + (client.totals().total_tokens if client else 0)
+
+        try:
+            ending = conversation.converse(
+                details, self.trial.prompt or None, take_turn, answerer, client, self.recorder.add,
+                passed_now=lambda: self._passes_now(run), tokens_used=tokens_used,
+            )  # fmt: skip
+        finally:
+            if client is not None:
+                client.close()
+                self._account(client)
+        self.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
+        self.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
+        if failures:
+            return failures[0]
+        if ending.error:
+            return Outcome(Trial.Status.ERROR, "answerer", ending.error)
+        run.budget = ending.budget
+        return None
+
+    def _passes_now(self, run: "AgentRun") -> bool:
+        """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
+        self.agent = run.outcome()
+        probe = Outcome(Trial.Status.RUNNING)
+        self.grade(probe)
+        return probe.status == Trial.Status.PASSED
+
+    def _budget(self, role: str) -> dict:
+        return (self.config.get("budgets") or {}).get(role) or {}
+
+    def _account(self, client: roles.RoleClient) -> None:
+        """A role's calls into the transcript and its totals onto the trial."""
+        for call in client.drain():
+            self.recorder.add(TrialEvent.Kind.USAGE, call)
+        totals = roles.usage_summary(client.totals())
+        previous = self.role_usage.get(client.role)
+        if previous:  # the judge of every turn (check_criteria), then the last
+            totals = {key: previous.get(key, 0) + value for key, value in totals.items()}
+        self.role_usage[client.role] = totals
 
     def _tool_call_limit(
         self, calls: list[dict], run_limits: dict, watcher: early_stop.Watcher | None
@@ -627,10 +812,20 @@ class TrialExecution:
             task_dir=self.task_bundle_dir / self.task_yaml_dir,
             reference_dir=self._reference_dir(),
             shared_roots=tuple(mount.path for mount in getattr(self, "env_mounts", [])),
+            dialog=self.dialog,
         )
         specs = self.config.get("success_criteria") or []
-        result = criteria.grade(specs, context)
+        judge = self._judge_client(specs)
+        context.post_model = judge.post if judge is not None else None
+        try:
+            result = criteria.grade(specs, context)
+        finally:
+            if judge is not None:
+                judge.close()
+                self._account(judge)
         outcome.trajectory = {"tool_calls": tool_calls, "final_text": agent.final_text[:FINAL_TEXT_CAP]}
+        if self.dialog:
+            outcome.trajectory["dialog"] = self.dialog
         if outcome.stopped_early:
             result.passed = not result.error and early_stop.armed_gate_passed(
                 specs, result.criteria, early_stop.gate_threshold(self.config)
@@ -643,6 +838,19 @@ class TrialExecution:
             outcome.error_message = result.error
         else:
             outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
+
+    def _judge_client(self, specs: list[dict]) -> roles.RoleClient | None:
+        """The judge's own gateway, when a criterion asks a model: its calls are the judge's
+        (counted, priced, `budgets.judge`). Without a key there is none, and the criterion says
+        which key to set."""
+        if not any(spec.get("type") == "llm_judge" and spec.get("enabled", True) for spec in specs):
+            return None
+        try:
+            _, upstream = roles.endpoint(os.environ, "EVALSITE_JUDGE_PROVIDER")
+        except roles.ModelCallError:
+            return None
+        self.secret_values.append(upstream.key)
+        return roles.RoleClient("judge", self.root / "judge.sock", upstream, self._budget("judge"))
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -847,6 +1055,9 @@ class TrialExecution:
             "cache_creation_tokens": usage.cache_creation_tokens,
             "cost_usd": usage.cost_usd or 0.0,
             "turns": usage.turns,
+            "role_usage": self.role_usage,
+            "answerer_cost_usd": self.role_usage.get("answerer", {}).get("cost_usd", 0.0),
+            "judge_cost_usd": self.role_usage.get("judge", {}).get("cost_usd", 0.0),
             "error_category": outcome.error_category,
             "error_message": redact(outcome.error_message, self.secret_values),
             "timed_out": outcome.timed_out,

@@ -10,6 +10,8 @@ daemon thread and are used as context managers:
 The script is indexed by the conversation's step: the number of tool results already in the request
 (a CLI sends the whole conversation each time), so side requests cannot shift it. A step past the
 end of the script answers with a final text. ``error=HttpError(...)`` makes every model request fail.
+``responder=f`` (Anthropic) instead picks each answer from the request: ``f(body)`` returns the Turn,
+for conversations whose course depends on what was said (a simulated user, a judge).
 Each server records the requests it got (``requests``) and the usage it reported (``sent_usage``).
 """
 
@@ -22,6 +24,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -65,9 +68,16 @@ def patch(body: str) -> dict[str, Any]:
 
 
 class MockServer:
-    def __init__(self, turns: list[Turn] | None = None, *, error: HttpError | None = None) -> None:
+    def __init__(
+        self,
+        turns: list[Turn] | None = None,
+        *,
+        error: HttpError | None = None,
+        responder: Callable[[dict[str, Any]], Turn] | None = None,
+    ) -> None:
         self.turns = turns or []
         self.error = error
+        self.responder = responder
         self.requests: list[dict[str, Any]] = []
         self.sent_usage: list[dict[str, int]] = []
         self._lock = threading.Lock()
@@ -199,7 +209,10 @@ class AnthropicMock(MockServer):
         model = body.get("model") or (path.rpartition("/models/")[2].partition(":")[0] if kind == "vertex"
                                       else path.partition("/model/")[2].partition("/")[0])  # fmt: skip
         step = _count_items(body.get("messages") or [], ("tool_result",))
-        turn = self.turn_for(step) if body.get("tools") else Turn([text("ok")])
+        if self.responder is not None:
+            turn = self.responder(body)
+        else:
+            turn = self.turn_for(step) if body.get("tools") else Turn([text("ok")])
         error = self.error or (turn.error if turn else None)
         if turn and turn.delay:
             time.sleep(turn.delay)
@@ -209,9 +222,25 @@ class AnthropicMock(MockServer):
             )
             return
         blocks = turn.output if turn else [text("Done.")]
+        if kind == "anthropic" and not body.get("stream"):  # a worker's own call: the answerer, a judge
+            self._reply(handler, model or "claude-sonnet-4-6", blocks, step)
+            return
         handler.start_sse() if kind != "bedrock" else handler.start_eventstream()
         emit = handler.sse if kind != "bedrock" else handler.bedrock_chunk
         self._stream(emit, model or "claude-sonnet-4-6", blocks, step)
+
+    def _reply(self, handler: _Handler, model: str, blocks: list[dict[str, Any]], step: int) -> None:
+        """One JSON message, as the Messages API answers a request without `stream`."""
+        usage = {"input_tokens": 300 + 10 * step, "output_tokens": 40, "cache_read_input_tokens": 0,
+                 "cache_creation_input_tokens": 0}  # fmt: skip
+        with self._lock:
+            self.sent_usage.append(dict(usage))
+        stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+        handler.send_json(
+            200,
+            {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model,
+             "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage},
+        )  # fmt: skip
 
     def _stream(self, emit: Any, model: str, blocks: list[dict[str, Any]], step: int) -> None:
         usage = {

@@ -153,6 +153,10 @@ def _page_context(result: Comparison, page: int | None) -> dict:
         "comparison": result,
         "confidence": round(result.confidence * 100),
         "arms": [_arm_display(arm, result.max_k) for arm in result.arms],
+        # The answerer's and the judge's calls have columns of their own, shown once any cost.
+        "other_roles": [
+            role for role in ("answerer", "judge") if any(getattr(arm, f"{role}_cost") for arm in result.arms)
+        ],
         "k_range": range(1, result.max_k + 1),
         "k_tables": [("pass@k", "at"), ("pass^k", "hat")],
         "heatmap": heatmap,
@@ -212,6 +216,8 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
         "tokens": f"{arm.tokens:,}",
         "cost": f"${arm.cost:,.2f}",
+        "answerer_cost": f"${arm.answerer_cost:,.2f}",
+        "judge_cost": f"${arm.judge_cost:,.2f}",
         "cost_per_pass": _with_interval(
             arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"
         ),

@@ -151,6 +151,20 @@ def _usage_part(key: str, value) -> str:
     return f"{key.replace('_', ' ')} {value}"
 
 
+# A simulated conversation's milestones: (title, text) for each.
+CONVERSATION_NOTES = {
+    "turn": lambda data: (f"turn {data.get('turn')}", ""),
+    "criteria_checked": lambda data: (
+        f"criteria after turn {data.get('turn')}",
+        "passed" if data.get("passed") else "not passed",
+    ),
+    "conversation_end": lambda data: (
+        "conversation ended",
+        f"{str(data.get('reason', '')).replace('_', ' ')} after {data.get('turns')} turns",
+    ),
+}
+
+
 def event_row(event: TrialEvent) -> EventRow:
     """How one event reads in the transcript; long parts go in `body`, shown collapsed."""
     data = event.data if isinstance(event.data, dict) else {"value": event.data}
@@ -159,6 +173,9 @@ def event_row(event: TrialEvent) -> EventRow:
     if kind == TrialEvent.Kind.PHASE:
         row.title = str(data.get("phase", "phase"))
         row.text = ", ".join(f"{k}: {v}" for k, v in data.items() if k != "phase" and v not in ("", None))
+    elif kind == TrialEvent.Kind.MESSAGE and data.get("role") == "user":  # a simulated user's reply
+        row.title = f"user ({data.get('answerer') or 'simulated'}), turn {data.get('turn', '?')}"
+        row.text, row.css = as_text(data.get("text", "")), "user"
     elif kind == TrialEvent.Kind.MESSAGE:
         thinking = bool(data.get("thinking") or data.get("reasoning"))
         row.title, row.text = ("thinking" if thinking else "agent"), as_text(data.get("text", ""))
@@ -181,11 +198,15 @@ def event_row(event: TrialEvent) -> EventRow:
             or "(no output)"
         )
     elif kind == TrialEvent.Kind.USAGE:
-        parts = [_usage_part(k, v) for k, v in data.items() if v not in (None, 0, "")]
+        parts = [_usage_part(k, v) for k, v in data.items() if v not in (None, 0, "") and k != "role"]
         row.text = " · ".join(parts) or "nothing reported"
+        if data.get("role"):  # the answerer's or the judge's call, not the agent's
+            row.text = f"{data['role']}: {row.text}"
     elif kind == TrialEvent.Kind.ERROR:
         row.title = str(data.get("category") or "error")
         row.text = as_text(data.get("message", data))
+    elif kind == TrialEvent.Kind.SYSTEM and data.get("subtype") in CONVERSATION_NOTES:
+        row.title, row.text = CONVERSATION_NOTES[data["subtype"]](data)
     else:  # output lines, system notes, anything new
         text = data.get("text") or data.get("message")
         row.title = str(data.get("subtype") or kind)

@@ -48,6 +48,8 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "lineage": sorted(trial.lineage.items()),
         "run_url": reverse("run_detail", args=[trial.run_id]),
         "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,
+        "dialog": (trial.trajectory or {}).get("dialog") or [],
+        "role_usage": [(role, usage) for role, usage in sorted(trial.role_usage.items()) if role != "agent"],
     }
     return render(request, "runs/trial_detail.html", ctx)
 

@@ -92,24 +92,63 @@ def test_it_rejects_a_prompt_on_an_agentless_task():
     ]
 
 
-def test_it_refuses_a_simulated_user_by_name_until_one_is_built():
+def test_it_reads_coder_eval_simulation_keys_and_picks_the_answerer():
+    persona = task(
+        simulation={
+            "enabled": True, "persona": "A busy developer", "goal": "done.txt written",
+            "constraints": ["be brief"], "max_turns": 4, "stop_token": "<<<DONE>>>",
+            "stop_on_criteria_pass": True, "check_criteria": "both", "max_total_tokens": 5000,
+            "n_trials": 1, "model": "claude-haiku-4-5",
+        }
+    ).simulation  # fmt: skip
+    assert (persona.answerer_name, persona.max_turns, persona.stop_token) == ("persona", 4, "<<<DONE>>>")
+    scripted = task(simulation={"enabled": True, "answers": ["Use out.txt"]}).simulation
+    assert scripted.answerer_name == "scripted" and scripted.answers == ["Use out.txt"]
+    off = task(simulation={"enabled": False}).simulation
+    assert off.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("simulation", "agent", "where", "message"),
+    [
+        ({"enabled": True, "goal": "g"}, None, ("simulation", "persona"), "required by the persona answerer"),
+        ({"enabled": True, "answerer": "scripted"}, None, ("simulation", "answers"), "at least one answer"),
+        (
+            {"enabled": True, "answers": ["a"], "answerer": "persona", "persona": "p", "goal": "g"},
+            None, ("simulation", "answers"), "only the scripted answerer reads answers",
+        ),
+        ({"enabled": True, "answers": ["a"]}, {"type": "gemini-cli"}, ("agent", "type"), "cannot resume"),
+        ({"enabled": True, "answers": ["a"]}, {"type": "oracle"}, ("agent", "type"), "cannot resume"),
+        (
+            {"enabled": True, "answers": ["a"], "stop_on_criteria_pass": True},
+            None, ("simulation", "stop_on_criteria_pass"), "every_turn or both",
+        ),
+    ],
+)  # fmt: skip
+def test_it_refuses_a_simulation_that_cannot_run(simulation, agent, where, message):
+    fields = {"simulation": simulation, **({"agent": agent} if agent else {})}
+    with pytest.raises(ValidationError) as caught:
+        task(**fields)
+
+    assert [(loc, text) for loc, text in errors(caught.value) if message in text][0][0] == where
+
+
+def test_it_refuses_repeated_conversations_and_unknown_answerers():
+    with pytest.raises(ValidationError, match="set the experiment's .or the variant's. repeats instead"):
+        task(simulation={"enabled": True, "answers": ["a"], "n_trials": 3})
     with pytest.raises(
-        ValidationError, match="coder-eval's simulation .a simulated user answering the agent. is not built"
+        ValidationError, match="unknown answerer 'oracle'; expected one of: persona, scripted"
     ):
-        TaskSpec.model_validate(
-            {
-                "task_id": "t",
-                "simulation": {"enabled": True, "persona": "p", "goal": "g"},
-                "success_criteria": [CRITERION],
-            }
-        )
-    off = {
-        "task_id": "t",
-        "initial_prompt": "x",
-        "simulation": {"enabled": False},
-        "success_criteria": [CRITERION],
-    }
-    assert TaskSpec.model_validate(off).simulation == {"enabled": False}
+        task(simulation={"enabled": True, "answers": ["a"], "answerer": "oracle"})
+
+
+def test_it_keeps_suite_hooks_to_the_experiment_and_budgets_to_other_roles():
+    with pytest.raises(ValidationError, match="set it in the experiment's defaults, not in a task"):
+        task(hooks={"suite": {"setup": [{"command": "true"}]}})
+    with pytest.raises(ValidationError, match="the agent's budget is run_limits"):
+        task(budgets={"agent": {"max_usd": 1}})
+    spec = task(budgets={"answerer": {"max_usd": 0.5, "max_calls": 4}, "judge": {"max_total_tokens": 9000}})
+    assert spec.budgets.answerer.max_calls == 4 and spec.budgets.judge.max_total_tokens == 9000
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,9 @@ An agent kind is pure Python and imports no Django. The runner drives it in thre
 
 1. ``prepare(prompt, workspace, home, config, secrets)`` returns an ``AgentInvocation``: the argv,
    stdin, extra environment, the secret names to inject and files to write before the start.
-   It raises ``AgentSetupError`` when the CLI or an API key is missing.
+   It raises ``AgentSetupError`` when the CLI or an API key is missing. In a simulated
+   conversation each later turn is ``resume(prompt, session, ...)`` instead, where ``session``
+   is the ``session_id`` the previous turn's parser read (kinds with ``can_resume``).
 2. The runner starts the process (``sandbox.run_process``) and feeds every stdout line to
    ``parser.feed_line``. After each line it may compare ``parser.usage`` with the run limits
    (``budget_crossed``) and stop early; it also stops when ``parser.fatal`` is set.
@@ -152,6 +154,8 @@ class BaseParser:
         self.fatal_category: str | None = None
         self.finished = False
         self.permission_denials: list[dict[str, Any]] = []
+        # The session the CLI reported, which a later turn of a conversation resumes.
+        self.session_id = ""
         self._calls_by_id: dict[str, dict[str, Any]] = {}
 
     def feed_line(self, line: str | bytes) -> list[AgentEvent]:
@@ -213,6 +217,21 @@ class AgentKind:
     def parser(self, config: Mapping[str, Any] | None = None) -> BaseParser:
         """A fresh parser for one run; ``config`` is the same agent config ``prepare`` got."""
         raise NotImplementedError
+
+    # Whether `resume` continues the agent's session with a new message (simulated conversations).
+    can_resume = False
+
+    def resume(
+        self,
+        prompt: str,
+        session: str,
+        workspace: Path,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        """The next turn of a conversation: `prompt` sent to the session the last turn opened."""
+        raise AgentSetupError(f"agent kind {self.name} cannot resume a session")
 
     def finish(
         self, result: ProcessResultLike | None, parser: BaseParser, *, limit_hit: str | None = None
@@ -319,6 +338,18 @@ def budget_crossed(usage: Usage, limits: Mapping[str, Any]) -> str | None:
         if cap is not None and used is not None and used > cap:
             return name
     return None
+
+
+def summed(usages: list[Usage]) -> Usage:
+    """Several runs' usage added up (a conversation's turns); the cost stays None when none had one."""
+    total = Usage()
+    for usage in usages:
+        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens", "turns",
+                     "reasoning_tokens"):  # fmt: skip
+            setattr(total, name, getattr(total, name) + getattr(usage, name))
+        if usage.cost_usd is not None:
+            total.cost_usd = (total.cost_usd or 0.0) + usage.cost_usd
+    return total
 
 
 def estimate_cost(usage: Usage, prices: Mapping[str, float]) -> float:

@@ -116,6 +116,24 @@ class ClaudeCodeAgent(AgentKind):
     def parser(self, config: Mapping[str, Any] | None = None) -> ClaudeStreamParser:
         return ClaudeStreamParser(prices=(config or {}).get("prices"))
 
+    can_resume = True
+
+    def resume(
+        self,
+        prompt: str,
+        session: str,
+        workspace: Path,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        # The session lives in HOME/.claude/projects, which the trial keeps between turns.
+        if not session:
+            raise AgentSetupError("claude-code: the last turn reported no session_id to resume")
+        invocation = self.prepare(prompt, workspace, home, config, secrets)
+        invocation.argv = [*invocation.argv, "--resume", session]
+        return invocation
+
 
 def claude_options(config: Mapping[str, Any]) -> list[str]:
     args = ["--output-format", "stream-json", "--verbose"]

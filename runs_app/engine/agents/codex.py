@@ -29,6 +29,7 @@ from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
+    AgentSetupError,
     BaseParser,
     clip,
     estimate_cost,
@@ -54,12 +55,45 @@ class CodexAgent(AgentKind):
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
+        return self._invocation(prompt, None, home, config, secrets)
+
+    can_resume = True
+
+    def resume(
+        self,
+        prompt: str,
+        session: str,
+        workspace: Path,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        if not session:
+            raise AgentSetupError("codex: the last turn reported no thread_id to resume")
+        return self._invocation(prompt, session, home, config, secrets)
+
+    def _invocation(
+        self,
+        prompt: str,
+        session: str | None,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        """`codex exec`, or `codex exec resume SESSION` (which takes the sandbox as a config value:
+        it has no --sandbox option)."""
         binary = require_cli("codex", "codex", "EVALSITE_CODEX_BIN", API_KEY, config, secrets)
-        argv = [binary, "exec", "--json", "--skip-git-repo-check"]
-        argv += ["--sandbox", str(config.get("sandbox") or "workspace-write")]
+        sandbox = str(config.get("sandbox") or "workspace-write")
+        if session is None:
+            argv = [binary, "exec", "--json", "--skip-git-repo-check", "--sandbox", sandbox]
+        else:
+            argv = [binary, "exec", "resume", "--json", "--skip-git-repo-check"]
+            argv += ["-c", f'sandbox_mode="{sandbox}"']
         if config.get("model"):
             argv += ["-m", str(config["model"])]
         argv += [str(arg) for arg in config.get("extra_args") or []]
+        if session is not None:
+            argv.append(session)
         on_argv = prompt_fits_argv(prompt)
         # "-" makes Codex read the prompt from stdin; otherwise stdin must be closed at once:
         # `codex exec` reads a non-TTY stdin to EOF before it starts.
@@ -143,6 +177,7 @@ class CodexStreamParser(BaseParser):
         kind = obj.get("type")
         if kind == "thread.started":
             self.thread_id = str(obj.get("thread_id") or "")
+            self.session_id = self.thread_id
             return [AgentEvent("system", {"subtype": "thread.started", "thread_id": self.thread_id})]
         if kind == "turn.started":
             return [AgentEvent("system", {"subtype": "turn.started"})]

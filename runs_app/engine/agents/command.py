@@ -11,6 +11,11 @@ Its stdout may speak a JSON-lines protocol, one object per line; any other line 
     {"type": "usage", "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.001}   (adds up; one turn
         per line unless it says "turns"; also cache_read_tokens, cache_creation_tokens)
     {"type": "error", "message": "...", "category": "api_error"}
+    {"type": "session", "id": "..."}   (what the next turn of a conversation resumes)
+
+In a simulated conversation every turn runs the command again, with the simulated user's reply as
+its prompt: EVALSITE_TURN is the turn (1, 2...), EVALSITE_SESSION_ID the session the last turn
+reported (empty if none). What the command keeps in its HOME or workspace carries over.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class CommandAgent(AgentKind):
         raise_problems(require_secrets("command agent", names, secrets))
         env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
         env["EVALSITE_TASK_ID"] = str(config.get("task_id", ""))
+        env["EVALSITE_TURN"] = str(config.get("turn", 1))
+        env["EVALSITE_SESSION_ID"] = str(config.get("session", ""))
         via = config.get("prompt_via", "stdin")
         if via == "stdin":
             return AgentInvocation(argv=argv, stdin=prompt.encode(), env_extra=env, secrets_needed=names)
@@ -61,6 +68,19 @@ class CommandAgent(AgentKind):
 
     def parser(self, config: Mapping[str, Any] | None = None) -> CommandParser:
         return CommandParser()
+
+    can_resume = True
+
+    def resume(
+        self,
+        prompt: str,
+        session: str,
+        workspace: Path,
+        home: Path,
+        config: Mapping[str, Any],
+        secrets: Mapping[str, str],
+    ) -> AgentInvocation:
+        return self.prepare(prompt, workspace, home, {**config, "session": session}, secrets)
 
 
 def _argv(command: Any) -> list[str]:
@@ -84,6 +104,9 @@ class CommandParser(BaseParser):
             return self._tool_call(obj)
         if kind == "usage":
             return self._usage(obj)
+        if kind == "session" and isinstance(obj.get("id"), str):
+            self.session_id = obj["id"]
+            return [AgentEvent("system", {"subtype": "session", "session_id": obj["id"]})]
         if kind == "error":
             self.error = str(obj.get("message") or "the agent reported an error")
             self.error_category = str(obj.get("category") or "agent_error")

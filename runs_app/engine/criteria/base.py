@@ -59,6 +59,11 @@ class GradingContext:
     # Folders a workspace link may lead into: the read-only environments of the task's
     # env_packages (`node_modules` links to one).
     shared_roots: tuple[Path, ...] = ()
+    # A simulated conversation, in order: {"role": "task" | "user" | "agent", "text": ...}.
+    dialog: list[dict] = field(default_factory=list)
+    # How a criterion asks a model (llm_judge): the worker's judge gateway, which counts the call
+    # as the judge's; `post_model(body, timeout)` returns the reply. None: straight to the API.
+    post_model: Callable[[dict, float], dict] | None = None
 
 
 @dataclass

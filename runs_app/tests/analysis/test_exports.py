@@ -14,7 +14,8 @@ from runs_app.tests.analysis.test_comparison import make_experiment, make_run
 pytestmark = pytest.mark.django_db
 
 NUMBERS = {"id", "run", "task_version", "replicate", "attempt", "score", "duration_seconds", "input_tokens",
-           "output_tokens", "cache_read_tokens", "cache_creation_tokens", "cost_usd", "turns"}  # fmt: skip
+           "output_tokens", "cache_read_tokens", "cache_creation_tokens", "cost_usd", "turns",
+           "answerer_cost_usd", "judge_cost_usd"}  # fmt: skip
 MOMENTS = {"started_at", "finished_at"}
 
 

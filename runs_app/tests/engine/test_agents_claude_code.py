@@ -270,6 +270,19 @@ def test_it_builds_the_argv_users_run(fake_claude, tmp_path):
     assert invocation.stdin == b""
 
 
+def test_a_later_turn_resumes_the_session_the_stream_reported(fake_claude, tmp_path):
+    parser = get_agent("claude-code").parser()
+    parser.feed_line('{"type": "system", "subtype": "init", "session_id": "5e55-10n", "tools": []}')
+    config = {"binary": fake_claude, "model": "claude-sonnet-4-6"}
+
+    invocation = get_agent("claude-code").resume(
+        "Use a.txt", parser.session_id, tmp_path, tmp_path, config, KEY
+    )
+
+    assert invocation.argv[:3] == [fake_claude, "-p", "Use a.txt"]
+    assert invocation.argv[-2:] == ["--resume", "5e55-10n"]
+
+
 def test_it_sets_the_environment_and_asks_for_the_key_as_a_secret(fake_claude, tmp_path):
     secrets = {**KEY, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
     config = {"binary": fake_claude, "max_retries": 2}

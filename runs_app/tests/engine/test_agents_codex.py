@@ -220,6 +220,21 @@ def test_it_builds_the_argv_users_run_with_stdin_closed(fake_codex):
     assert invocation.secrets_needed == ["OPENAI_API_KEY"]
 
 
+def test_a_later_turn_resumes_the_thread_with_the_sandbox_as_a_config_value(fake_codex):
+    parser = get_agent("codex").parser()
+    parser.feed_line('{"type": "thread.started", "thread_id": "0199-thread"}')
+    invocation = get_agent("codex").resume(
+        "Use a.txt", parser.session_id, Path("/sb/ws"), Path("/sb/home"), {"binary": fake_codex}, KEY
+    )
+
+    assert invocation.argv == [
+        fake_codex, "exec", "resume", "--json", "--skip-git-repo-check",
+        "-c", 'sandbox_mode="workspace-write"', "0199-thread", "Use a.txt",
+    ]  # fmt: skip
+    with pytest.raises(AgentSetupError, match="no thread_id to resume"):
+        get_agent("codex").resume("x", "", Path("/sb/ws"), Path("/sb/home"), {"binary": fake_codex}, KEY)
+
+
 def test_it_writes_a_config_toml_pointing_at_the_model_server(fake_codex):
     invocation = prepare(
         {"binary": fake_codex, "model": "gpt-5.5", "base_url": "http://127.0.0.1:9/v1/", "max_retries": 1}

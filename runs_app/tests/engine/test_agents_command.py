@@ -64,8 +64,25 @@ def test_it_runs_a_command_string_with_the_prompt_on_stdin(tmp_path):
 
     assert invocation.argv == ["sh", "-c", "python3 solve.py"]
     assert invocation.stdin == b"Fix it"
-    assert invocation.env_extra == {"MODE": "fast", "EVALSITE_TASK_ID": "calc-fix"}
+    assert invocation.env_extra == {
+        "MODE": "fast", "EVALSITE_TASK_ID": "calc-fix", "EVALSITE_TURN": "1", "EVALSITE_SESSION_ID": "",
+    }  # fmt: skip
     assert invocation.files_to_write == {}
+
+
+def test_a_later_turn_runs_the_command_again_with_the_reply_and_the_session_it_reported(tmp_path):
+    agent = get_agent("command")
+    parser = agent.parser()
+    parser.feed_line('{"type": "session", "id": "s-42"}')
+    config = {"command": "python3 solve.py", "task_id": "t", "turn": 3}
+
+    invocation = agent.resume("Use a.txt", parser.session_id, tmp_path, tmp_path, config, {})
+
+    assert agent.can_resume and invocation.stdin == b"Use a.txt"
+    assert (invocation.env_extra["EVALSITE_TURN"], invocation.env_extra["EVALSITE_SESSION_ID"]) == (
+        "3",
+        "s-42",
+    )
 
 
 def test_it_can_put_the_prompt_in_a_file(tmp_path):
