@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from evalsite.versioning import code_version, trial_queue
+from evalsite.versioning import code_version, host_queue, trial_queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -388,7 +388,13 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # version) and its own code version's queue: a run's trials go to the queue of the version it was
 # launched on, so a rolling upgrade never mixes two versions' results in one run.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = {"celery": {}, trial_queue(code_version()): {}}
+# A run with suite hooks sends its trials to the host that set the suite up: each worker also
+# takes its host's copies of both queues.
+CELERY_TASK_QUEUES = {
+    name: {}
+    for queue in ("celery", trial_queue(code_version()))
+    for name in (queue, host_queue(queue, WORKER_HOST))
+}
 CELERY_TIMEZONE = TIME_ZONE
 
 # --- evalsite ----------------------------------------------------------------

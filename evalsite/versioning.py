@@ -5,6 +5,7 @@ Pure Python (no Django): `evalsite.celery` names its worker's queue with it befo
 
 import hashlib
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -33,3 +34,8 @@ def code_version() -> str:
 def trial_queue(version: str) -> str:
     """The broker queue of the trials of runs recorded with this code version."""
     return f"trials-{version}"
+
+
+def host_queue(queue: str, host: str) -> str:
+    """`queue` for the workers of one host only (a run whose suite hooks set up on that host)."""
+    return f"{queue}@{re.sub(r'[^A-Za-z0-9._-]', '_', host)}"

@@ -24,11 +24,11 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Substr
 from django.utils import timezone
 
-from evalsite.versioning import trial_queue
+from evalsite.versioning import host_queue, trial_queue
 from runs_app import live
 from runs_app.analysis import gates, rollup
 from runs_app.analysis.load import run_facts
-from runs_app.engine import runner
+from runs_app.engine import runner, suite_hooks
 from runs_app.engine.suites import evaluate_suites
 from runs_app.models import Run, Trial, TrialEvent, Worker
 
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 EXECUTE_TRIAL = "runs_app.tasks.execute_trial"
 DISPATCH_RUN = "runs_app.tasks.dispatch_run"
+HOLD_SUITE = "runs_app.tasks.hold_suite"
 # How long a worker process keeps running reserved trials of one run before it goes back to
 # the broker (where other runs' trials wait their turn).
 CHAIN_SECONDS = 2.0
@@ -97,6 +98,13 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     """dispatch() for a run whose row the current transaction has locked."""
     if run.cancel_requested or run.is_final or run.historical:
         return None
+    if run.suite_status == Run.Suite.PENDING:  # its suite first, on whichever worker takes it
+        transaction.on_commit(
+            partial(current_app.send_task, HOLD_SUITE, args=(run.pk,), queue=trial_queue_of(run))
+        )
+        return None
+    if run.suite_status in (Run.Suite.SETTING_UP, Run.Suite.FAILED):
+        return None
     current = Trial.objects.for_run(run).current()
     occupied = current.filter(
         Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
@@ -128,16 +136,49 @@ def live_workers(now=None):
 
 def may_take(run: Run, worker: Worker) -> bool:
     """Whether this worker receives the run's trials: it consumes the shared queue and its own
-    code version's."""
-    return trial_queue_of(run) in (settings.CELERY_TASK_DEFAULT_QUEUE, trial_queue(worker.code_version))
+    code version's, each also for its own host."""
+    queues = (settings.CELERY_TASK_DEFAULT_QUEUE, trial_queue(worker.code_version))
+    return trial_queue_of(run) in (*queues, *(host_queue(queue, worker.hostname) for queue in queues))
 
 
 def trial_queue_of(run: Run) -> str:
     """Where a run's trials are sent: the queue of its code version's workers, or the shared
-    queue for a run that accepts any version (and for runs recorded before versions were)."""
+    queue for a run that accepts any version (and for runs recorded before versions were); only
+    the suite's host's workers', once a suite is set up there."""
+    queue = trial_queue(run.code_version)
     if run.any_code_version or not run.code_version:
-        return settings.CELERY_TASK_DEFAULT_QUEUE
-    return trial_queue(run.code_version)
+        queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    if run.suite_status == Run.Suite.READY and run.suite_host:
+        return host_queue(queue, run.suite_host)
+    return queue
+
+
+def hold_suite(run_id: int, worker: str) -> bool:
+    """Set the run's suite hooks up on this worker's host and hold them, in a thread of this
+    process, until teardown (`engine.suite_hooks`); False when another worker has them."""
+    if not suite_hooks.claim(run_id, worker):
+        return False
+    live.publish(run_id)
+    holder = suite_hooks.SuiteHolder(
+        run_id, worker, on_ready=lambda run, _: dispatch(run), on_failed=_suite_failed
+    )
+    holder.start()
+    return True
+
+
+def _suite_failed(run_id: int, why: str) -> None:
+    """The suite could not be set up: every trial still waiting is an error (a failed hook is
+    never a fail), and the run ends; its teardown runs all the same."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        Trial.objects.for_run(run).current().filter(status=Trial.Status.QUEUED).update(
+            status=Trial.Status.ERROR, finished_at=timezone.now(), error_category="hook",
+            error_message=f"hooks.suite.setup failed: {why}"[:10_000],
+        )  # fmt: skip
+        rollup.recount(run)
+        live.publish(run_id)
+    logger.warning("run %s: its suite failed: %s", run_id, why)
+    refresh_run(run_id)
 
 
 def release(trial_id: int) -> None:
@@ -401,6 +442,11 @@ def _reopen(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(
         status=Run.Status.RUNNING, cancel_requested=False, finished_at=None, stop_reason=""
     )
+    # A suite already torn down is set up again (anew: its attempts start over).
+    Run.objects.filter(pk=run.pk, suite_status__in=[Run.Suite.TORN_DOWN, Run.Suite.FAILED]).update(
+        suite_status=Run.Suite.PENDING, suite_host="", suite_owner="", suite_dir="", suite_attempt=0,
+        suite_error="",
+    )  # fmt: skip
     live.publish(run.pk)
     run.refresh_from_db()
     rollup.recount(run)
@@ -463,6 +509,7 @@ def reap_expired_leases() -> int:
             runs.setdefault(run_id, []).append(trial_id)
             _append_event(trial_id, TrialEvent.Kind.SYSTEM, {"text": note})
             logger.warning("trial %s: %s", trial_id, note)
+    waiting_for_suite = _reap_suites(now)
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
     lost = Trial.objects.current().filter(status=Trial.Status.QUEUED, dispatched_at__lt=stale)
     waiting = set(lost.values_list("run_id", flat=True).distinct())
@@ -474,9 +521,31 @@ def reap_expired_leases() -> int:
         .values_list("pk", flat=True)
         .distinct()
     )
-    for run_id in waiting | set(runs):
+    for run_id in waiting | set(runs) | waiting_for_suite:
         after_trial(run_id, runs.get(run_id, ()))
     return reaped
+
+
+def _reap_suites(now) -> set[int]:
+    """Suites whose holder stopped renewing (its host died): set up again elsewhere, up to the
+    attempt limit; a run that ended meanwhile just records that teardown never ran. Returns
+    the runs to dispatch again."""
+    again = set()
+    expired = Run.objects.filter(
+        suite_status__in=[Run.Suite.SETTING_UP, Run.Suite.READY], suite_lease_expires_at__lt=now
+    )
+    for run_id, owner, attempt, status in expired.values_list("pk", "suite_owner", "suite_attempt", "status"):
+        still = Run.objects.filter(pk=run_id, suite_owner=owner, suite_lease_expires_at__lt=now)
+        lost = f"the worker holding the suite ({owner}) stopped renewing its lease"
+        if status in (Run.Status.FINISHED, Run.Status.CANCELLED):
+            still.update(suite_status=Run.Suite.TORN_DOWN, suite_error=f"{lost} before teardown ran")
+        elif attempt < settings.TRIAL_MAX_ATTEMPTS:
+            if still.update(suite_status=Run.Suite.PENDING, suite_host="", suite_owner="", suite_dir=""):
+                logger.warning("run %s: %s; setting it up again", run_id, lost)
+                again.add(run_id)
+        elif still.update(suite_status=Run.Suite.FAILED, suite_error=f"{lost}, on its last attempt"):
+            _suite_failed(run_id, f"{lost}, on its last attempt (TRIAL_MAX_ATTEMPTS)")
+    return again
 
 
 def _append_event(trial_id: int, kind: str, data: dict) -> None:

@@ -33,6 +33,7 @@ from experiments_app.specs.resolve import (
 from runs_app import control
 from runs_app.analysis import planning, rollup
 from runs_app.analysis.load import load
+from runs_app.engine import suite_hooks
 from runs_app.models import Run, Trial
 
 ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
@@ -75,10 +76,12 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
              "agent or hand agents secrets through launch options"]
         )  # fmt: skip
     versions, variants, trials = _resolved_trials(experiment, options, seed)
+    config = _frozen_config(experiment, variants, versions, options, seed)
     with transaction.atomic():
         run = Run.objects.create(
             experiment=experiment,
-            config=_frozen_config(experiment, variants, versions, options, seed),
+            config=config,
+            suite_status=Run.Suite.PENDING if suite_hooks.has_suite(config) else Run.Suite.NONE,
             overrides=list(options.overrides),
             max_parallel=options.max_parallel or experiment.max_parallel,
             sample_seed=seed,

@@ -75,6 +75,7 @@ class Run(models.Model):
     # holding it renews its lease, and teardown runs there once the run has ended.
     suite_status = models.CharField(max_length=16, choices=Suite.choices, blank=True, default=Suite.NONE)
     suite_host = models.CharField(max_length=200, blank=True)
+    suite_dir = models.CharField(max_length=500, blank=True)  # on suite_host; trials mount it read-only
     suite_owner = models.CharField(max_length=200, blank=True)
     suite_lease_expires_at = models.DateTimeField(null=True, blank=True)
     suite_attempt = models.PositiveIntegerField(default=0)

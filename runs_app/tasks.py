@@ -34,6 +34,11 @@ def execute_trial(self, trial_id: int) -> None:
     control.execute(trial_id, worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}")
 
 
+@shared_task(bind=True)
+def hold_suite(self, run_id: int) -> None:
+    control.hold_suite(run_id, worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}")
+
+
 @shared_task
 def reap_expired_leases() -> None:
     control.reap_expired_leases()

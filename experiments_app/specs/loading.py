@@ -213,6 +213,9 @@ def layer_refs(layer: Any, prefix: Loc = ()) -> list[_Ref]:
                 refs.append(_Ref((*prefix, *where, i, "path"), source.path, "dir", include))
     if getattr(layer, "reference", None) is not None:
         refs.append(_Ref((*prefix, "reference", "directory"), layer.reference.directory, "dir"))
+    suite = getattr(getattr(layer, "hooks", None), "suite", None)
+    for i, path in enumerate(suite.files if suite is not None else []):
+        refs.append(_Ref((*prefix, "hooks", "suite", "files", i), path, "any"))
     for i, crit in enumerate(getattr(layer, "success_criteria", None) or []):
         # A criterion's command may run a file of the task's folder: `sh "$TASK_DIR/check.sh"`.
         command = getattr(crit, "command", None)

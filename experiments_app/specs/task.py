@@ -319,6 +319,14 @@ class SuiteHooks(SpecModel):
 
     setup: list[HookCommand] = Field(default_factory=list)
     teardown: list[HookCommand] = Field(default_factory=list)
+    # Files and folders (beside the experiment's YAML) the commands use: they travel in the
+    # experiment's bundle and are copied into the suite's folder.
+    files: list[str] = Field(default_factory=list)
+
+    @field_validator("files")
+    @classmethod
+    def _relative(cls, v: list[str]) -> list[str]:
+        return [_check_relative(path, "hooks.suite.files entry") for path in v]
 
 
 class HooksSpec(SpecModel):

@@ -132,6 +132,11 @@ def claim(trial_id: int, worker: str) -> bool:
             # A message that reached a worker of another code version (sent before a run was
             # recorded, or by hand) is left for a worker of the run's own version.
             .filter(Q(run__any_code_version=True) | Q(run__code_version__in=["", code_version()]))
+            # A run with suite hooks: only once its suite is up, and only on its host.
+            .filter(
+                Q(run__suite_status="")
+                | Q(run__suite_status=Run.Suite.READY, run__suite_host=settings.WORKER_HOST)
+            )
             .update(
                 status=Trial.Status.RUNNING,
                 lease_owner=worker,
@@ -268,6 +273,9 @@ class TrialExecution:
         # (answerer, judge); the agent's are the trial's own columns.
         self.role_usage: dict[str, dict] = {}
         self.dialog: list[dict] = []  # a simulated conversation, for the criteria
+        # The run's suite folder (hooks.suite), which every command of the trial reads.
+        ready = trial.run.suite_status == Run.Suite.READY and trial.run.suite_dir
+        self.suite_dir = Path(trial.run.suite_dir) if ready else None
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -919,6 +927,7 @@ class TrialExecution:
         mounts = [
             sandbox.Mount(self.paths.home, writable=True),
             *getattr(self, "env_mounts", []),
+            *([sandbox.Mount(self.suite_dir)] if self.suite_dir else []),
             *(mounts or []),
         ]
         extra = dict(extra or {})
@@ -992,7 +1001,11 @@ class TrialExecution:
             tmpdir=self.paths.tmp,
             allowlist=sandbox.DEFAULT_ENV_ALLOWLIST,
             secrets=secrets or {},
-            extra={"EVALSITE_TRIAL_ID": str(self.trial.pk), **(extra or {})},
+            extra={
+                "EVALSITE_TRIAL_ID": str(self.trial.pk),
+                **({"EVALSITE_SUITE_DIR": str(self.suite_dir)} if self.suite_dir else {}),
+                **(extra or {}),
+            },
         )
 
     def _mock_path(self) -> dict[str, str]:
@@ -1115,7 +1128,8 @@ VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
 
 def sweep_sandboxes() -> int:
     """Remove the sandbox folders of trials no worker runs any more (a killed worker leaves its
-    trials' folders behind): at worker start. Returns how many were removed."""
+    trials' folders behind), and of suites no worker holds: at worker start. Returns how many
+    were removed."""
     root = Path(settings.SANDBOX_ROOT)
     if not root.is_dir():
         return 0
@@ -1132,6 +1146,13 @@ def sweep_sandboxes() -> int:
             ).exists()
         )  # fmt: skip
         if not live:
+            workspace.cleanup(folder)
+            removed += 1
+    for folder in root.glob("suite-*"):  # a run's suite folder, while its holder renews the lease
+        held = Run.objects.filter(
+            suite_dir=str(folder / "workspace"), suite_lease_expires_at__gt=now
+        ).exists()  # fmt: skip
+        if not held:
             workspace.cleanup(folder)
             removed += 1
     return removed

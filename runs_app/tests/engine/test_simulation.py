@@ -168,3 +168,112 @@ def test_the_trial_page_shows_the_conversation(tmp_path, client, admin_user):
     assert "<h2>Conversation</h2>" in page and "user (simulated)" in page
     assert ASK_NAME in page and f"Just the word {WORD}." in page
     assert "conversation ended" in page
+
+
+# coder-eval's upstream example `tasks/python_cli_simulated_judged/echo_simulated_judged.yaml`,
+# in its shape: a persona answerer gives the request only when asked, and a judge that reads the
+# conversation grades the echo.
+ECHO = "hello, world -- evalsite reads coder-eval tasks as they are."
+UPSTREAM_TASK = f"""
+task_id: python-echo-simulated-judged
+description: >
+  Minimal smoke test for simulation + llm_judge with include_dialog. The agent
+  is told only to ask the user what they want; the simulated user supplies an
+  exact string to echo.
+tags: [python, simulation, llm-judge]
+run_limits:
+  max_turns: 4
+  task_timeout: 900
+  turn_timeout: 120
+initial_prompt: "Ask me what I would like to do. Do not assume anything about the task."
+agent:
+  type: claude-code
+  permission_mode: acceptEdits
+  allowed_tools: ["Bash", "Read", "Write", "Edit"]
+  system_prompt: |
+    You are a literal-minded assistant. When the user asks you to echo a string, reply with
+    that exact string verbatim and nothing else.
+sandbox:
+  driver: tempdir
+  python: {{}}
+simulation:
+  enabled: true
+  persona: |
+    You are a user with one specific request. You give the request only when asked.
+  goal: |
+    When (and only when) the agent asks what you want, reply with exactly this instruction:
+      Repeat this as-is without anything else: "{ECHO}"
+    When the agent has produced the echoed text, reply with exactly <<<END>>>.
+  constraints:
+    - "Do not volunteer the request before being asked."
+    - "Do not modify the string in any way when you give it."
+  max_turns: 4
+  stop_token: "<<<END>>>"
+  stop_on_criteria_pass: false
+  check_criteria: end_of_dialog
+  n_trials: 1
+success_criteria:
+  - type: llm_judge
+    description: "Agent echoed the user's string exactly"
+    prompt: |
+      Look at the DIALOG block. Grade whether the agent reproduced the string the simulated
+      user gave, verbatim: 1.0 exact, 0.0 paraphrased or invented.
+    include_dialog: true
+    include_agent_output: true
+    model: "anthropic.claude-sonnet-4-6"
+    temperature: 0.0
+    max_tokens: 400
+    weight: 1.0
+    pass_threshold: 0.9
+"""
+ASK = "What would you like me to do?"
+
+
+def echo_model(body: dict) -> Turn:
+    """The agent, the simulated user and the judge of the upstream example, by their requests."""
+    tools = [tool.get("name") for tool in body.get("tools") or []]
+    if "submit_verdict" in tools:  # the judge: did the agent say back what the user asked for?
+        prompt = body["messages"][0]["content"]
+        dialog = prompt.split("## The conversation", 1)[1] if "## The conversation" in prompt else ""
+        echoed = f"[AGENT]\n{ECHO}" in dialog and "[USER (simulated)]\nRepeat this as-is" in dialog
+        verdict = {"score": 1.0 if echoed else 0.0, "rationale": "compared the echo with the request"}
+        return Turn([tool_use("submit_verdict", verdict)])
+    if tools:  # the agent
+        said = _user_texts(body)[-1] if _user_texts(body) else ""
+        request = said.partition('"')[2].rpartition('"')[0]
+        return Turn([text(request or ASK)])
+    if "playing a human user" in str(body.get("system") or ""):
+        agent_said = (body.get("messages") or [{}])[-1].get("content", "")
+        if ASK in agent_said:
+            return Turn([text(f'Repeat this as-is without anything else: "{ECHO}"')])
+        return Turn([text("<<<END>>>")])
+    return Turn([text("ok")])
+
+
+def test_coder_eval_s_simulated_and_judged_example_imports_and_runs(tmp_path):
+    make_task(tmp_path, "echo", UPSTREAM_TASK)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT.replace("allowed_tools: [Bash]", "max_turns: 4"))
+    with AnthropicMock(responder=echo_model) as api:
+        env = {"ANTHROPIC_API_KEY": "sk-test-every-role", "ANTHROPIC_BASE_URL": api.url}
+        worker = WorkerProcess(tmp_path, extra_env=env).start()
+        try:
+            run = launch_run(experiment)
+
+            def finished():
+                run.refresh_from_db()
+                return run.is_final
+
+            wait_for(finished, timeout=200, message=lambda: worker.log()[-4000:])
+        finally:
+            worker.kill()
+    trial = Trial.objects.get(run=run)
+
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    judge = trial.criterion_results.get()
+    assert judge.type == "llm_judge" and judge.score == 1.0
+    assert [m["role"] for m in trial.trajectory["dialog"]] == ["task", "agent", "user", "agent"]
+    assert trial.trajectory["dialog"][-1]["text"] == ECHO
+    # Each role's calls are counted apart: the agent's on the trial, the others by role.
+    assert trial.role_usage["answerer"]["calls"] == 2 and trial.role_usage["judge"]["calls"] == 1
+    assert trial.judge_cost_usd == trial.role_usage["judge"]["cost_usd"]
