@@ -239,3 +239,24 @@ def test_it_serves_plotly_from_the_installed_package(client):
     with open(path, encoding="utf-8") as handle:
         assert "plotly" in handle.read(300).lower()
     assert finders.find("plotly/widgetbundle.js") is None
+
+
+def test_the_cost_columns_say_whose_calls_they_count(member_client):
+    quiet = make_run(make_experiment(), {"alpha": {"base": "P", "new": "F"}}, baseline="base")
+    page = member_client.get(compare_url(quiet)).content.decode()
+    assert "Cost (agent)" in page and "Cost (answerer)" not in page and "Cost (judge)" not in page
+
+    simulated = make_run(
+        make_experiment("simulated"),
+        {"alpha": {"base": "PP", "new": "F"}},
+        baseline="base",
+        answerer_cost_usd={("alpha", "base", 0): 0.25, ("alpha", "base", 1): 0.5},
+        judge_cost_usd={("alpha", "new", 0): 0.125},
+    )
+    response = member_client.get(compare_url(simulated))
+    page = response.content.decode()
+    assert "Cost (answerer)" in page and "Cost (judge)" in page
+    arms = {arm.key: arm for arm in response.context["comparison"].arms}
+    assert (arms["base"].answerer_cost, arms["base"].judge_cost) == (0.75, 0.0)
+    assert (arms["new"].answerer_cost, arms["new"].judge_cost) == (0.0, 0.125)
+    assert "$0.75" in page and "$0.12" in page
