@@ -1,5 +1,6 @@
 """Project-wide test fixtures: named users and a real Celery worker process."""
 
+import hashlib
 import os
 import shutil
 import signal
@@ -25,6 +26,13 @@ def pytest_configure(config):
 
     scratch = BASE_DIR / "var" / f"test-{os.getpid()}"
     config._evalsite_scratch = scratch
+    if "SANDBOX_ROOT" not in os.environ:
+        # A checkout's own sandboxes: a worker sweeps the folders its database does not know,
+        # so two checkouts' test runs on one machine must not share them. Kept between runs (it
+        # caches runtimes and env_packages environments).
+        digest = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:10]
+        os.environ["SANDBOX_ROOT"] = f"/var/tmp/evalsite-test-sandboxes-{digest}"
+        settings.SANDBOX_ROOT = Path(os.environ["SANDBOX_ROOT"])
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("sqlite3"):
         scratch.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def regrade(
         if artifact is not None:
             restore_workspace(artifact, runner.paths.workspace)
         runner._provide_venv()
-        runner._give_workspace_to_sandbox()
+        runner.give_workspace_to_sandbox()
         trajectory = trial.trajectory or {}
         runner.agent = agent_base.AgentOutcome(
             status=agent_base.COMPLETED,

@@ -15,16 +15,13 @@ engine never reaches back into run control.
 6. Persist everything in one transaction, conditional on still holding the lease.
 """
 
-import dataclasses
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -41,9 +38,6 @@ from evalsite.versioning import code_version
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
 from runs_app.engine import (
-    agents,
-    answerers,
-    conversation,
     criteria,
     environments,
     gateway,
@@ -51,70 +45,19 @@ from runs_app.engine import (
     sandbox,
     workspace,
 )
-from runs_app.engine.agents import base as agent_base
-from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
+from runs_app.engine.agent_phase import AgentPhase
 from runs_app.engine.bundle_cache import bundle_blob
 from runs_app.engine.criteria import early_stop
 from runs_app.engine.leases import Heartbeat, release_connection
+from runs_app.engine.outcome import Outcome, TrialAborted
 from runs_app.engine.recording import Recorder, redact
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TASK_TIMEOUT = 600
-MAX_PARSED_BYTES = 64 << 20
 # The final reply kept with the trajectory criteria read (for `evaluate` to grade it again).
 FINAL_TEXT_CAP = 100_000
-# Model APIs the gateway serves: the worker's variables for the key and the endpoint, and the
-# endpoint used when none is set.
-MODEL_APIS = {
-    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
-    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
-    "gemini": ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"),
-    # Claude on Google Vertex AI / Amazon Bedrock (claude-code's `provider`): a bearer token each,
-    # at the region's endpoint.
-    "vertex": (
-        "VERTEX_ACCESS_TOKEN",
-        "ANTHROPIC_VERTEX_BASE_URL",
-        "https://{region}-aiplatform.googleapis.com/v1",
-    ),
-    "bedrock": (
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "ANTHROPIC_BEDROCK_BASE_URL",
-        "https://bedrock-runtime.{region}.amazonaws.com",
-    ),
-}
 COMMAND_LIMITS = {"address_space_bytes": 4 << 30, "max_processes": 256, "max_file_bytes": 1 << 30}
-
-
-class TrialAborted(Exception):
-    """Setup failed in a way that makes the trial `error` (message says what to fix)."""
-
-    def __init__(self, category: str, message: str):
-        self.category = category
-        super().__init__(message)
-
-
-@dataclass
-class Outcome:
-    status: str
-    error_category: str = ""
-    error_message: str = ""
-    score: float | None = None
-    timed_out: bool = False
-    budget_exceeded: str = ""
-    stopped_early: str = ""
-    visible_turns: int = 0
-    trajectory: dict | None = None
-    usage: agent_base.Usage = field(default_factory=agent_base.Usage)
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    diff: str = ""
-    diff_truncated: bool = False
-    criteria: list = field(default_factory=list)
-    artifact: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 OnStored = Callable[[Run, Trial, list[CriterionResult]], None]
@@ -172,88 +115,6 @@ def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -
     return (outcome.status if stored else None), trial.run_id
 
 
-class DiskWatch:
-    """Whether the trial's writable folders grew past their cap (checked every few seconds:
-    walking a large workspace costs milliseconds)."""
-
-    EVERY_SECONDS = 3.0
-
-    def __init__(self, folders: list[Path], cap_bytes: int):
-        self.folders, self.cap = folders, cap_bytes
-        self.next_check = time.monotonic() + self.EVERY_SECONDS
-
-    def exceeded(self) -> bool:
-        if time.monotonic() < self.next_check:
-            return False
-        self.next_check = time.monotonic() + self.EVERY_SECONDS
-        return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
-
-
-@dataclass
-class AgentRun:
-    """The agent's process for one trial: one run, or the turns of a conversation in one session."""
-
-    kind: agents.AgentKind
-    config: dict
-    gateway: gateway.Gateway | None
-    secrets: dict[str, str]
-    limits: sandbox.Limits
-    session: str = ""
-    budget: str = ""  # a role's budget that ended the conversation ("answerer.max_usd")
-    turns: list[tuple[agent_base.AgentOutcome, sandbox.ProcessResult | None]] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def last(self) -> agent_base.AgentOutcome:
-        return self.turns[-1][0]
-
-    @property
-    def tool_calls(self) -> list[dict]:
-        return [call for outcome, _ in self.turns for call in outcome.tool_calls]
-
-    @property
-    def seconds(self) -> float:
-        return sum(result.duration_seconds for _, result in self.turns if result is not None)
-
-    def add(
-        self, outcome: agent_base.AgentOutcome, result: sandbox.ProcessResult | None, session: str
-    ) -> None:
-        self.turns.append((outcome, result))
-        self.session = session or self.session
-
-    def usage_with(self, current: agent_base.Usage) -> agent_base.Usage:
-        """What the agent reported over its earlier turns, plus `current`."""
-        return agent_base.summed([*(outcome.usage for outcome, _ in self.turns), current])
-
-    def limits_now(self) -> sandbox.Limits:
-        """The task's wall clock covers the whole conversation, not each turn."""
-        left = self.limits.wall_seconds - (time.monotonic() - self.started)
-        return dataclasses.replace(self.limits, wall_seconds=max(1.0, left))
-
-    def outcome(self) -> agent_base.AgentOutcome:
-        """The whole run as one outcome: how the last turn ended, every turn's tool calls and
-        usage (the gateway's count when it saw calls: it counted every turn)."""
-        usage = agent_base.summed([outcome.usage for outcome, _ in self.turns])
-        if self.gateway is not None and self.gateway.calls:
-            usage = self.gateway.totals()
-        denials = [denial for outcome, _ in self.turns for denial in outcome.permission_denials]
-        return dataclasses.replace(
-            self.last, tool_calls=self.tool_calls, usage=usage, permission_denials=denials
-        )
-
-    def result(self) -> sandbox.ProcessResult | None:
-        """How the last process ended, with every turn's output."""
-        results = [result for _, result in self.turns if result is not None]
-        if len(results) < 2:
-            return results[0] if results else None
-        return dataclasses.replace(
-            results[-1],
-            stdout="".join(result.stdout for result in results),
-            stderr="".join(result.stderr for result in results),
-            duration_seconds=self.seconds,
-        )
-
-
 class TrialExecution:
     def __init__(self, trial: Trial, worker: str):
         self.trial = trial
@@ -291,7 +152,7 @@ class TrialExecution:
             return self._ended(Outcome(Trial.Status.ERROR, category, str(exc)), timings, started)
         timings["setup"] = time.perf_counter() - started
         if reason := self.heartbeat.stop_reason():
-            return self._ended(self._stopped(reason), timings, started)
+            return self._ended(self.stopped(reason), timings, started)
         outcome = self._after_setup(timings)
         return self._ended(self._after_hooks(outcome), timings, started)
 
@@ -304,8 +165,8 @@ class TrialExecution:
             return Outcome(Trial.Status.ERROR, "hook", failure)
         before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         agent_started = time.perf_counter()
-        self.recorder.phase("agent", flush=True, kind=self._agent_kind())
-        outcome = self.run_agent()
+        self.recorder.phase("agent", flush=True, kind=self.agent_kind())
+        outcome = AgentPhase(self).run()
         timings["agent"] = time.perf_counter() - agent_started
         after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         outcome.diff, outcome.diff_truncated = workspace.unified_diff(before, after, settings.DIFF_CAP_BYTES)
@@ -363,7 +224,7 @@ class TrialExecution:
         )
         return outcome
 
-    def _stopped(self, reason: str) -> Outcome:
+    def stopped(self, reason: str) -> Outcome:
         if reason == "cancelled":
             return Outcome(Trial.Status.CANCELLED, "cancelled", "the run was cancelled")
         return Outcome(Trial.Status.ERROR, "lost", "this worker lost the trial's lease")
@@ -374,7 +235,7 @@ class TrialExecution:
         self.prepare()
         sources = (self.config.get("sandbox") or {}).get("template_sources") or []
         for index, source in enumerate(sources):
-            bundle_dir, yaml_dir = self._origin(f"sandbox.template_sources[{index}]")
+            bundle_dir, yaml_dir = self.origin(f"sandbox.template_sources[{index}]")
             workspace.materialize(
                 self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self._ignore_patterns(),
                 first_index=index, git=self._git,
@@ -454,7 +315,7 @@ class TrialExecution:
         if len(path) > 1:
             self.venv_env["PATH"] = os.pathsep.join(path)
 
-    def _origin(self, lineage_key: str) -> tuple[Path, str]:
+    def origin(self, lineage_key: str) -> tuple[Path, str]:
         """Where a relative path of this config field resolves: the task's YAML folder, or
         the experiment's when an experiment, variant or override layer set it."""
         layer = self.trial.lineage.get(lineage_key, "task")
@@ -492,7 +353,7 @@ class TrialExecution:
         grading sees the task's files and reference solution (read-only): $TASK_DIR, $REFERENCE_DIR."""
         limits = sandbox.Limits(
             wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2)), stdout_cap_bytes=1 << 20,
-            memory_bytes=self._memory_bytes(), **COMMAND_LIMITS,
+            memory_bytes=self.memory_bytes(), **COMMAND_LIMITS,
         )  # fmt: skip
         mounts, extra = [], {}
         if grading:  # coder-eval: the venv, node_modules/.bin and TASK_DIR are run_command's only
@@ -502,260 +363,14 @@ class TrialExecution:
                 "TASK_DIR": str(self.task_bundle_dir / self.task_yaml_dir),
             }
             extra |= self._reference_env()
-        result = self._sandboxed(command, limits=limits, extra=extra, mounts=mounts)
+        result = self.sandboxed(command, limits=limits, extra=extra, mounts=mounts)
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
 
-    def run_agent(self) -> Outcome:
-        kind_name = self._agent_kind()
-        try:
-            kind = agents.get_agent(kind_name)
-        except (agents.UnknownAgentKind, agents.AgentSetupError) as exc:
-            return Outcome(Trial.Status.ERROR, "setup", str(exc))
-        try:
-            agent_config = self._agent_config()
-        except TrialAborted as exc:
-            return Outcome(Trial.Status.ERROR, exc.category, str(exc))
-        if refused := _refused_secrets(agent_config.get("secrets") or []):
-            return refused
-        model_gateway = self._gateway_for(kind, agent_config)
-        try:
-            return self._run_agent_process(kind, agent_config, model_gateway)
-        finally:
-            if model_gateway is not None:
-                model_gateway.close()
-
-    def _gateway_for(self, kind: agents.AgentKind, agent_config: dict) -> gateway.Gateway | None:
-        """The trial's model gateway, for kinds that call a model API: the agent gets placeholder
-        keys and the gateway's URLs; the real keys stay in this process."""
-        apis = kind.apis(agent_config)
-        if not apis:
-            return None
-        upstreams = []
-        for api in apis:
-            key_name, url_name, default = MODEL_APIS[api]
-            base_url = (len(apis) == 1 and agent_config.get("base_url")) or os.environ.get(url_name)
-            default = default.format(region=agent_config.get("region") or DEFAULT_REGIONS.get(api, ""))
-            key, bearer = os.environ.get(key_name, ""), False
-            if not key and api == "anthropic" and os.environ.get("ANTHROPIC_AUTH_TOKEN"):
-                key, bearer = os.environ["ANTHROPIC_AUTH_TOKEN"], True
-            upstreams.append(gateway.Upstream(api, str(base_url or default), key, bearer))
-            if key:
-                self.secret_values.append(key)
-        box = self.config.get("sandbox") or {}
-        return gateway.Gateway(
-            gateway.socket_path_for(self.root),
-            upstreams,
-            limits=self.config.get("run_limits") or {},
-            prices=agent_config.get("prices"),
-            allowed_hosts=list(box.get("allowed_hosts") or []),
-        ).start()
-
-    def _sandbox_secrets(
-        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
-    ) -> dict[str, str]:
-        """What `prepare` may read as the worker's environment: the gateway's placeholders for the
-        model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
-        values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
-        if model_gateway is not None:
-            for api in kind.apis(agent_config):
-                key_name, url_name, _ = MODEL_APIS[api]
-                values.pop(key_name, None)
-                values.pop(url_name, None)
-                if api == "anthropic":
-                    values.pop("ANTHROPIC_AUTH_TOKEN", None)  # the gateway holds it too
-                upstream = model_gateway.upstreams[api]
-                if upstream.key:  # a kind that needs a key still says which one is missing
-                    values[key_name] = gateway.PLACEHOLDER_KEY
-                values[url_name] = upstream.sandbox_url
-        return values
-
-    def _run_agent_process(
-        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
-    ) -> Outcome:
-        box_secrets = self._sandbox_secrets(kind, agent_config, model_gateway)
-        if model_gateway is not None and len(kind.apis(agent_config)) == 1:
-            agent_config = {
-                **agent_config,
-                "base_url": model_gateway.upstreams[kind.apis(agent_config)[0]].sandbox_url,
-            }
-        run = AgentRun(kind, agent_config, model_gateway, box_secrets, self._agent_limits())
-        simulation = self._simulation()
-        if simulation is None:
-            failure = self._agent_turn(run, self.trial.prompt)
-        else:
-            failure = self._converse(run, simulation)
-        if failure is not None:
-            return failure
-        agent = run.outcome()
-        self.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
-        outcome = self._agent_outcome(agent, run.result())
-        if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
-            outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
-        return outcome
-
-    def _agent_turn(self, run: "AgentRun", prompt: str, turn: int = 1) -> Outcome | None:
-        """One run of the agent's process: its first (`prepare`) or a later turn of a conversation
-        (`resume`, in the session the last turn reported). None when it ran (`run` holds how it
-        ended), else the error that kept it from starting."""
-        kind, model_gateway = run.kind, run.gateway
-        try:
-            if turn == 1:
-                invocation = kind.prepare(
-                    prompt, self.paths.workspace, self.paths.home, run.config, run.secrets
-                )
-            else:
-                invocation = kind.resume(
-                    prompt, run.session, self.paths.workspace, self.paths.home, {**run.config, "turn": turn},
-                    run.secrets,
-                )  # fmt: skip
-        except agents.AgentSetupError as exc:
-            return Outcome(Trial.Status.ERROR, "setup", str(exc))
-        if refused := _refused_secrets(invocation.secrets_needed):
-            return refused
-        secrets = {name: run.secrets[name] for name in invocation.secrets_needed if run.secrets.get(name)}
-        self.secret_values += [value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY]
-        agent_base.write_files(invocation)
-        self._give_workspace_to_sandbox()
-        parser = kind.parser(run.config)
-        run_limits = self.config.get("run_limits") or {}
-        state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
-        watcher = early_stop.Watcher.for_config(self.config)
-
-        def record_calls() -> None:
-            if model_gateway is not None:
-                for call in model_gateway.drain():
-                    self.recorder.add(TrialEvent.Kind.USAGE, call)
-
-        def on_line(line: str) -> None:
-            # A hostile agent may print gigabytes: past this much, lines are not parsed (the
-            # process still runs, bounded by its wall clock; its stored output is capped).
-            state["parsed"] += len(line)
-            if state["parsed"] > MAX_PARSED_BYTES:
-                if not state["parse_stopped"]:
-                    state["parse_stopped"] = True
-                    self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"})
-                return
-            events = parser.feed_line(line)
-            for event in events:
-                self.recorder.add(event.kind, event.data)
-            if state["limit"] is None:  # what the agent itself reports counts too, over every turn
-                state["limit"] = agent_base.budget_crossed(run.usage_with(parser.usage), run_limits)
-            if state["limit"] is None and any(e.kind in ("tool_call", "tool_result") for e in events):
-                calls = [*run.tool_calls, *parser.tool_calls]
-                state["limit"] = self._tool_call_limit(calls, run_limits, watcher)
-
-        disk = DiskWatch([self.paths.workspace, self.paths.home, self.paths.tmp], self._disk_bytes())
-
-        def should_stop() -> str | None:
-            record_calls()
-            if model_gateway is not None and state["limit"] is None:
-                state["limit"] = model_gateway.stop_reason()
-            if state["limit"] is None and disk.exceeded():
-                state["limit"] = "disk"
-            return self.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
-
-        result = None
-        if invocation.argv is not None:
-            result = self._sandboxed(
-                invocation.argv,
-                limits=run.limits_now(),
-                secrets=secrets,
-                extra={**self._mock_path(), **invocation.env_extra},
-                mounts=self._agent_mounts(run.config),
-                via=model_gateway,
-                stdin=invocation.stdin,
-                on_stdout_line=on_line,
-                should_stop=should_stop,
-                # Output is acted on as it comes (see sandbox.run_process); the clock is for the
-                # rest: cancel, a lost lease, the gateway's budget, the disk. A tenth of a second
-                # cost a worker of 256 agents a core in wakeups.
-                poll_interval=1.0,
-            )
-        if model_gateway is not None:
-            model_gateway.settle()
-        record_calls()
-        if model_gateway is not None and state["limit"] is None:
-            state["limit"] = model_gateway.stop_reason()
-        if state["limit"] is None and result is not None:
-            state["limit"] = _resource_limit(result)
-        run.add(kind.finish(result, parser, limit_hit=state["limit"]), result, parser.session_id)
-        self.agent_process_seconds = run.seconds
-        return None
-
-    def _simulation(self) -> dict | None:
-        simulation = self.config.get("simulation") or {}
-        return simulation if simulation.get("enabled") else None
-
-    def _converse(self, run: "AgentRun", simulation: dict) -> Outcome | None:
-        """A simulated user's conversation with the agent (`conversation.converse`); None when it
-        ran to its end (graded next), else the error that ended the trial."""
-        name = simulation.get("answerer") or ("scripted" if simulation.get("answers") else "persona")
-        try:
-            answerer = answerers.get_answerer(name)
-        except answerers.UnknownAnswerer as exc:
-            return Outcome(Trial.Status.ERROR, "setup", str(exc))
-        if not run.kind.can_resume:
-            return Outcome(
-                Trial.Status.ERROR, "setup",
-                f"agent kind {self._agent_kind()} cannot resume a session, which a simulation needs",
-            )  # fmt: skip
-        client = None
-        if answerer.needs_model:
-            try:
-                _, upstream = roles.endpoint(os.environ, "EVALSITE_ANSWERER_PROVIDER")
-            except roles.ModelCallError as exc:
-                return Outcome(Trial.Status.ERROR, "setup", f"the {name} answerer cannot call a model: {exc}")
-            self.secret_values.append(upstream.key)
-            client = roles.RoleClient(
-                "answerer", self.root / "answerer.sock", upstream, self._budget("answerer")
-            )
-        details = {
-            **simulation,
-            "model": simulation.get("model") or os.environ.get("EVALSITE_ANSWERER_MODEL") or None,
-            "description": self.config.get("description") or "",
-        }
-        failures: list[Outcome] = []
-
-        def take_turn(prompt: str, turn: int) -> conversation.TurnEnd:
-            failure = self._agent_turn(run, prompt, turn)
-            if failure is not None:
-                failures.append(failure)
-                return conversation.TurnEnd("", completed=False)
-            return conversation.TurnEnd(run.last.final_text, run.last.status == agent_base.COMPLETED)
-
-        def tokens_used() -> int:
-            return run.outcome().usage.total_tokens + (client.totals().total_tokens if client else 0)
-
-        try:
-            ending = conversation.converse(
-                details, self.trial.prompt or None, take_turn, answerer, client, self.recorder.add,
-                passed_now=lambda: self._passes_now(run), tokens_used=tokens_used,
-            )  # fmt: skip
-        finally:
-            if client is not None:
-                client.close()
-                self._account(client)
-        self.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
-        self.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
-        if failures:
-            return failures[0]
-        if ending.error:
-            return Outcome(Trial.Status.ERROR, "answerer", ending.error)
-        run.budget = ending.budget
-        return None
-
-    def _passes_now(self, run: "AgentRun") -> bool:
-        """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
-        self.agent = run.outcome()
-        probe = Outcome(Trial.Status.RUNNING)
-        self.grade(probe)
-        return probe.status == Trial.Status.PASSED
-
-    def _budget(self, role: str) -> dict:
+    def budget(self, role: str) -> dict:
         return (self.config.get("budgets") or {}).get(role) or {}
 
-    def _account(self, client: roles.RoleClient) -> None:
+    def account(self, client: roles.RoleClient) -> None:
         """A role's calls into the transcript and its totals onto the trial."""
         for call in client.drain():
             self.recorder.add(TrialEvent.Kind.USAGE, call)
@@ -764,48 +379,6 @@ class TrialExecution:
         if previous:  # the judge of every turn (check_criteria), then the last
             totals = {key: previous.get(key, 0) + value for key, value in totals.items()}
         self.role_usage[client.role] = totals
-
-    def _tool_call_limit(
-        self, calls: list[dict], run_limits: dict, watcher: early_stop.Watcher | None
-    ) -> str | None:
-        """`max_tool_calls` crossed, or an armed criterion decided the trial (coder-eval's early
-        stop): either stops the agent, which is then graded."""
-        most = run_limits.get("max_tool_calls")
-        if most is not None and len(calls) > most:
-            return "max_tool_calls"
-        if watcher is not None and (stop := watcher.observe(criteria.graded_calls(calls))):
-            self.early_stop = stop
-            self.recorder.add(TrialEvent.Kind.SYSTEM, stop.event())
-            return "early_stop"
-        return None
-
-    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:
-        self.agent = agent
-        cap = settings.AGENT_OUTPUT_CAP_BYTES
-        outcome = Outcome(
-            Trial.Status.RUNNING,
-            visible_turns=len(agent.tool_calls) + (1 if agent.final_text else 0),
-            usage=agent.usage,
-            exit_code=agent.exit_code,
-            stdout=redact(result.stdout[:cap], self.secret_values) if result else "",
-            stderr=redact(result.stderr[:cap], self.secret_values) if result else "",
-        )
-        if agent.status == agent_base.CANCELLED or (result and result.stop_reason == "lease_lost"):
-            lost = result is not None and result.stop_reason == "lease_lost"
-            stopped = self._stopped("lease_lost" if lost else "cancelled")
-            outcome.status = stopped.status
-            outcome.error_category, outcome.error_message = stopped.error_category, stopped.error_message
-            return outcome
-        if agent.status == agent_base.ERROR:
-            outcome.status = Trial.Status.ERROR
-            outcome.error_category = agent.error_category or "agent_error"
-            outcome.error_message = redact(agent.error or "the agent failed", self.secret_values)
-        elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
-            outcome.stopped_early = self.early_stop.reason
-        elif agent.status == agent_base.LIMIT:
-            outcome.timed_out = agent.limit == "timeout"
-            outcome.budget_exceeded = "" if agent.limit == "timeout" else (agent.limit or "")
-        return outcome
 
     def grade(self, outcome: Outcome) -> None:
         agent = self.agent
@@ -818,7 +391,7 @@ class TrialExecution:
             dataset_row=self.trial.dataset_row,
             env=dict(os.environ),
             task_dir=self.task_bundle_dir / self.task_yaml_dir,
-            reference_dir=self._reference_dir(),
+            reference_dir=self.reference_dir(),
             shared_roots=tuple(mount.path for mount in getattr(self, "env_mounts", [])),
             dialog=self.dialog,
         )
@@ -830,7 +403,7 @@ class TrialExecution:
         finally:
             if judge is not None:
                 judge.close()
-                self._account(judge)
+                self.account(judge)
         outcome.trajectory = {"tool_calls": tool_calls, "final_text": agent.final_text[:FINAL_TEXT_CAP]}
         if self.dialog:
             outcome.trajectory["dialog"] = self.dialog
@@ -858,60 +431,14 @@ class TrialExecution:
         except roles.ModelCallError:
             return None
         self.secret_values.append(upstream.key)
-        return roles.RoleClient("judge", self.root / "judge.sock", upstream, self._budget("judge"))
+        return roles.RoleClient("judge", self.root / "judge.sock", upstream, self.budget("judge"))
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _agent_kind(self) -> str:
+    def agent_kind(self) -> str:
         return (self.config.get("agent") or {}).get("type") or "claude-code"
 
-    def _agent_config(self) -> dict:
-        config = dict(self.config.get("agent") or {})
-        row = f"/{self.trial.dataset_row_id}" if self.trial.dataset_row_id else ""
-        config["task_id"] = self.trial.task_version.task.slug + row
-        reference = self._reference_dir()
-        if reference is not None:
-            config["reference_path"] = str(reference)
-        max_turns = (self.config.get("run_limits") or {}).get("max_turns")
-        if max_turns and "max_turns" not in config:
-            config["max_turns"] = max_turns
-        if config.get("script"):
-            bundle_dir, yaml_dir = self._origin("agent.script")
-            script = (bundle_dir / yaml_dir / config["script"]).resolve()
-            if not script.is_relative_to(bundle_dir.resolve()) or not script.is_file():
-                raise TrialAborted("setup", f"agent.script {config['script']!r} is not a file in the bundle")
-            config["script_path"] = str(script)
-            command = config.get("command")
-            if isinstance(command, list):
-                config["command"] = [part.replace("{script}", str(script)) for part in command]
-            elif isinstance(command, str):
-                config["command"] = command.replace("{script}", str(script))
-        if config.get("system_prompt_file"):
-            # coder-eval: the file's text is the system prompt (the two are mutually exclusive).
-            bundle_dir, yaml_dir = self._origin("agent.system_prompt_file")
-            prompt_file = (bundle_dir / yaml_dir / config.pop("system_prompt_file")).resolve()
-            if not prompt_file.is_relative_to(bundle_dir.resolve()) or not prompt_file.is_file():
-                raise TrialAborted("setup", "agent.system_prompt_file is not a file in the bundle")
-            config["system_prompt"] = prompt_file.read_text(encoding="utf-8")
-        return config
-
-    def _agent_limits(self) -> sandbox.Limits:
-        run_limits = self.config.get("run_limits") or {}
-        box = (self.config.get("sandbox") or {}).get("limits") or {}
-        wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
-        if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
-            wall = min(wall, float(box["timeout"]))
-        return sandbox.Limits(
-            wall_seconds=wall,
-            cpu_seconds=int(wall * 4),
-            memory_bytes=self._memory_bytes(),
-            max_processes=box.get("max_pids") or 512,
-            max_file_bytes=1 << 30,
-            stdout_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES * 4,
-            stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
-        )
-
-    def _sandboxed(
+    def sandboxed(
         self,
         argv: list[str] | str,
         *,
@@ -955,31 +482,26 @@ class TrialExecution:
         proxy to the repository's `host`; the scrubbed environment, no credentials."""
         proxy = gateway.Gateway(self.root / "git.sock", [], allowed_hosts=[host]).start()
         try:
-            limits = sandbox.Limits(wall_seconds=timeout, memory_bytes=self._memory_bytes(), **COMMAND_LIMITS)
-            result = self._sandboxed(argv, limits=limits, extra={"GIT_TERMINAL_PROMPT": "0"}, via=proxy)
+            limits = sandbox.Limits(wall_seconds=timeout, memory_bytes=self.memory_bytes(), **COMMAND_LIMITS)
+            result = self.sandboxed(argv, limits=limits, extra={"GIT_TERMINAL_PROMPT": "0"}, via=proxy)
         finally:
             proxy.close()
         return (result.exit_code if result.exit_code is not None else -1), result.stderr, result.timed_out
 
-    def _agent_mounts(self, agent_config: dict) -> list[sandbox.Mount]:
-        """The agent's script (agent.script), read-only: nothing else of the bundles."""
-        script = agent_config.get("script_path")
-        return [sandbox.Mount(Path(script))] if script else []
-
-    def _disk_bytes(self) -> int:
+    def disk_bytes(self) -> int:
         box = (self.config.get("sandbox") or {}).get("limits") or {}
         return int(box.get("max_disk_mb") or settings.SANDBOX_DISK_MB) << 20
 
-    def _memory_bytes(self) -> int:
+    def memory_bytes(self) -> int:
         box = (self.config.get("sandbox") or {}).get("limits") or {}
         return int(box.get("max_memory_mb") or settings.SANDBOX_MEMORY_MB) << 20
 
-    def _reference_dir(self) -> Path | None:
+    def reference_dir(self) -> Path | None:
         reference = self.config.get("reference") or {}
         directory = reference.get("directory") if isinstance(reference, dict) else None
         if not directory:
             return None
-        bundle_dir, yaml_dir = self._origin("reference.directory")
+        bundle_dir, yaml_dir = self.origin("reference.directory")
         folder = (bundle_dir / yaml_dir / directory).resolve()
         if not folder.is_relative_to(bundle_dir.resolve()):
             # An override could name any folder of the worker; the oracle would copy it in.
@@ -987,7 +509,7 @@ class TrialExecution:
         return folder
 
     def _reference_env(self) -> dict[str, str]:
-        reference = self._reference_dir()
+        reference = self.reference_dir()
         return {"REFERENCE_DIR": str(reference)} if reference else {}
 
     def _ignore_patterns(self) -> list[str]:
@@ -1008,23 +530,7 @@ class TrialExecution:
             },
         )
 
-    def _mock_path(self) -> dict[str, str]:
-        """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
-        executables first on the agent's PATH (missing folders are skipped, as there)."""
-        dirs = []
-        for relative in (self.config.get("sandbox") or {}).get("mock_path_dirs") or []:
-            folder = (self.paths.workspace / relative).resolve()
-            if not folder.is_relative_to(self.paths.workspace.resolve()) or not folder.is_dir():
-                continue
-            for entry in folder.iterdir():
-                if entry.is_file() and not entry.is_symlink():
-                    entry.chmod(entry.stat().st_mode | 0o111)
-            dirs.append(str(folder))
-        if not dirs:
-            return {}
-        return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
-
-    def _give_workspace_to_sandbox(self) -> None:
+    def give_workspace_to_sandbox(self) -> None:
         """Files the worker wrote (oracle copies, prompt files) must belong to the sandbox uid."""
         if self.paths.uid is None:
             return
@@ -1156,24 +662,3 @@ def sweep_sandboxes() -> int:
             workspace.cleanup(folder)
             removed += 1
     return removed
-
-
-def _resource_limit(result: sandbox.ProcessResult) -> str | None:
-    """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
-    if result.memory_exhausted:
-        return "memory"
-    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(result.signal)
-
-
-def _refused_secrets(names: list[str]) -> Outcome | None:
-    """A variant (or a launch override) names the variables it wants; only those the worker's
-    operator declared as agent secrets may leave the worker's environment."""
-    refused = sorted({str(name) for name in names} - set(settings.AGENT_SECRET_NAMES))
-    if not refused:
-        return None
-    return Outcome(
-        Trial.Status.ERROR,
-        "setup",
-        f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
-        "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
-    )

@@ -100,15 +100,17 @@ def model(body: dict) -> Turn:
     return Turn([text("ok")])  # the CLI's own side requests
 
 
-def run_conversation(tmp_path, simulation: str) -> tuple[Trial, list[dict]]:
-    make_task(tmp_path, "ask-then-write", TASK.replace("SIMULATION", simulation))
+def run_task(tmp_path, task: str, responder, experiment: str = EXPERIMENT) -> tuple[Trial, list[dict]]:
+    """One task's run through a real worker whose every model (the agent's, the answerer's, the
+    judge's) is the mock answering with `responder`; the trial and the model requests."""
+    make_task(tmp_path, "task", task)
     import_folder_tasks(tmp_path)
-    experiment = make_experiment(tmp_path, EXPERIMENT)
-    with AnthropicMock(responder=model) as api:
-        env = {"ANTHROPIC_API_KEY": "sk-test-agent-and-answerer", "ANTHROPIC_BASE_URL": api.url}
+    launched = make_experiment(tmp_path, experiment)
+    with AnthropicMock(responder=responder) as api:
+        env = {"ANTHROPIC_API_KEY": "sk-test-every-role", "ANTHROPIC_BASE_URL": api.url}
         worker = WorkerProcess(tmp_path, extra_env=env).start()
         try:
-            run = launch_run(experiment)
+            run = launch_run(launched)
 
             def finished():
                 run.refresh_from_db()
@@ -119,6 +121,10 @@ def run_conversation(tmp_path, simulation: str) -> tuple[Trial, list[dict]]:
             worker.kill()
         requests = api.model_requests()
     return Trial.objects.get(run=run), requests
+
+
+def run_conversation(tmp_path, simulation: str) -> tuple[Trial, list[dict]]:
+    return run_task(tmp_path, TASK.replace("SIMULATION", simulation), model)
 
 
 def test_claude_resumes_its_session_with_the_scripted_answers_and_passes_only_by_using_them(tmp_path):
@@ -251,23 +257,8 @@ def echo_model(body: dict) -> Turn:
 
 
 def test_coder_eval_s_simulated_and_judged_example_imports_and_runs(tmp_path):
-    make_task(tmp_path, "echo", UPSTREAM_TASK)
-    import_folder_tasks(tmp_path)
-    experiment = make_experiment(tmp_path, EXPERIMENT.replace("allowed_tools: [Bash]", "max_turns: 4"))
-    with AnthropicMock(responder=echo_model) as api:
-        env = {"ANTHROPIC_API_KEY": "sk-test-every-role", "ANTHROPIC_BASE_URL": api.url}
-        worker = WorkerProcess(tmp_path, extra_env=env).start()
-        try:
-            run = launch_run(experiment)
-
-            def finished():
-                run.refresh_from_db()
-                return run.is_final
-
-            wait_for(finished, timeout=200, message=lambda: worker.log()[-4000:])
-        finally:
-            worker.kill()
-    trial = Trial.objects.get(run=run)
+    experiment = EXPERIMENT.replace("allowed_tools: [Bash]", "max_turns: 4")
+    trial, _ = run_task(tmp_path, UPSTREAM_TASK, echo_model, experiment)
 
     assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
     judge = trial.criterion_results.get()

@@ -1,0 +1,512 @@
+"""The agent's phase of a trial: its gateway, its process (or the turns of a simulated
+conversation, each resuming the session), the live parsing of its output and the limits that
+stop it. `AgentPhase(execution).run()` returns the trial's outcome so far; grading follows.
+
+It works on its `TrialExecution` (`self.ex`): the trial's sandbox, recorder and lease.
+"""
+
+import dataclasses
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from runs_app.engine import agents, answerers, conversation, criteria, gateway, roles, sandbox, workspace
+from runs_app.engine.agents import base as agent_base
+from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
+from runs_app.engine.criteria import early_stop
+from runs_app.engine.outcome import Outcome, TrialAborted
+from runs_app.engine.recording import redact
+from runs_app.models import Trial, TrialEvent
+
+DEFAULT_TASK_TIMEOUT = 600
+MAX_PARSED_BYTES = 64 << 20
+# Model APIs the gateway serves: the worker's variables for the key and the endpoint, and the
+# endpoint used when none is set.
+MODEL_APIS = {
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"),
+    # Claude on Google Vertex AI / Amazon Bedrock (claude-code's `provider`): a bearer token each,
+    # at the region's endpoint.
+    "vertex": (
+        "VERTEX_ACCESS_TOKEN",
+        "ANTHROPIC_VERTEX_BASE_URL",
+        "https://{region}-aiplatform.googleapis.com/v1",
+    ),
+    "bedrock": (
+        "AWS_BEARER_TOKEN_BEDROCK",
+        "ANTHROPIC_BEDROCK_BASE_URL",
+        "https://bedrock-runtime.{region}.amazonaws.com",
+    ),
+}
+
+
+@dataclass
+class AgentRun:
+    """The agent's process for one trial: one run, or the turns of a conversation in one session."""
+
+    kind: agents.AgentKind
+    config: dict
+    gateway: gateway.Gateway | None
+    secrets: dict[str, str]
+    limits: sandbox.Limits
+    session: str = ""
+    budget: str = ""  # a role's budget that ended the conversation ("answerer.max_usd")
+    turns: list[tuple[agent_base.AgentOutcome, sandbox.ProcessResult | None]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def last(self) -> agent_base.AgentOutcome:
+        return self.turns[-1][0]
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [call for outcome, _ in self.turns for call in outcome.tool_calls]
+
+    @property
+    def seconds(self) -> float:
+        return sum(result.duration_seconds for _, result in self.turns if result is not None)
+
+    def add(
+        self, outcome: agent_base.AgentOutcome, result: sandbox.ProcessResult | None, session: str
+    ) -> None:
+        self.turns.append((outcome, result))
+        self.session = session or self.session
+
+    def usage_with(self, current: agent_base.Usage) -> agent_base.Usage:
+        """What the agent reported over its earlier turns, plus `current`."""
+        return agent_base.summed([*(outcome.usage for outcome, _ in self.turns), current])
+
+    def limits_now(self) -> sandbox.Limits:
+        """The task's wall clock covers the whole conversation, not each turn."""
+        left = self.limits.wall_seconds - (time.monotonic() - self.started)
+        return dataclasses.replace(self.limits, wall_seconds=max(1.0, left))
+
+    def outcome(self) -> agent_base.AgentOutcome:
+        """The whole run as one outcome: how the last turn ended, every turn's tool calls and
+        usage (the gateway's count when it saw calls: it counted every turn)."""
+        usage = agent_base.summed([outcome.usage for outcome, _ in self.turns])
+        if self.gateway is not None and self.gateway.calls:
+            usage = self.gateway.totals()
+        denials = [denial for outcome, _ in self.turns for denial in outcome.permission_denials]
+        return dataclasses.replace(
+            self.last, tool_calls=self.tool_calls, usage=usage, permission_denials=denials
+        )
+
+    def result(self) -> sandbox.ProcessResult | None:
+        """How the last process ended, with every turn's output."""
+        results = [result for _, result in self.turns if result is not None]
+        if len(results) < 2:
+            return results[0] if results else None
+        return dataclasses.replace(
+            results[-1],
+            stdout="".join(result.stdout for result in results),
+            stderr="".join(result.stderr for result in results),
+            duration_seconds=self.seconds,
+        )
+
+
+class DiskWatch:
+    """Whether the trial's writable folders grew past their cap (checked every few seconds:
+    walking a large workspace costs milliseconds)."""
+
+    EVERY_SECONDS = 3.0
+
+    def __init__(self, folders: list[Path], cap_bytes: int):
+        self.folders, self.cap = folders, cap_bytes
+        self.next_check = time.monotonic() + self.EVERY_SECONDS
+
+    def exceeded(self) -> bool:
+        if time.monotonic() < self.next_check:
+            return False
+        self.next_check = time.monotonic() + self.EVERY_SECONDS
+        return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
+
+
+class AgentPhase:
+    def __init__(self, execution: Any) -> None:
+        self.ex = execution  # the TrialExecution whose agent this runs
+
+    def run(self) -> Outcome:
+        kind_name = self.ex.agent_kind()
+        try:
+            kind = agents.get_agent(kind_name)
+        except (agents.UnknownAgentKind, agents.AgentSetupError) as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        try:
+            agent_config = self._agent_config()
+        except TrialAborted as exc:
+            return Outcome(Trial.Status.ERROR, exc.category, str(exc))
+        if refused := _refused_secrets(agent_config.get("secrets") or []):
+            return refused
+        model_gateway = self._gateway_for(kind, agent_config)
+        try:
+            return self._run_agent_process(kind, agent_config, model_gateway)
+        finally:
+            if model_gateway is not None:
+                model_gateway.close()
+
+    def _gateway_for(self, kind: agents.AgentKind, agent_config: dict) -> gateway.Gateway | None:
+        """The trial's model gateway, for kinds that call a model API: the agent gets placeholder
+        keys and the gateway's URLs; the real keys stay in this process."""
+        apis = kind.apis(agent_config)
+        if not apis:
+            return None
+        upstreams = []
+        for api in apis:
+            key_name, url_name, default = MODEL_APIS[api]
+            base_url = (len(apis) == 1 and agent_config.get("base_url")) or os.environ.get(url_name)
+            default = default.format(region=agent_config.get("region") or DEFAULT_REGIONS.get(api, ""))
+            key, bearer = os.environ.get(key_name, ""), False
+            if not key and api == "anthropic" and os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+                key, bearer = os.environ["ANTHROPIC_AUTH_TOKEN"], True
+            upstreams.append(gateway.Upstream(api, str(base_url or default), key, bearer))
+            if key:
+                self.ex.secret_values.append(key)
+        box = self.ex.config.get("sandbox") or {}
+        return gateway.Gateway(
+            gateway.socket_path_for(self.ex.root),
+            upstreams,
+            limits=self.ex.config.get("run_limits") or {},
+            prices=agent_config.get("prices"),
+            allowed_hosts=list(box.get("allowed_hosts") or []),
+        ).start()
+
+    def _sandbox_secrets(
+        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
+    ) -> dict[str, str]:
+        """What `prepare` may read as the worker's environment: the gateway's placeholders for the
+        model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
+        values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
+        if model_gateway is not None:
+            for api in kind.apis(agent_config):
+                key_name, url_name, _ = MODEL_APIS[api]
+                values.pop(key_name, None)
+                values.pop(url_name, None)
+                if api == "anthropic":
+                    values.pop("ANTHROPIC_AUTH_TOKEN", None)  # the gateway holds it too
+                upstream = model_gateway.upstreams[api]
+                if upstream.key:  # a kind that needs a key still says which one is missing
+                    values[key_name] = gateway.PLACEHOLDER_KEY
+                values[url_name] = upstream.sandbox_url
+        return values
+
+    def _run_agent_process(
+        self, kind: agents.AgentKind, agent_config: dict, model_gateway: gateway.Gateway | None
+    ) -> Outcome:
+        box_secrets = self._sandbox_secrets(kind, agent_config, model_gateway)
+        if model_gateway is not None and len(kind.apis(agent_config)) == 1:
+            agent_config = {
+                **agent_config,
+                "base_url": model_gateway.upstreams[kind.apis(agent_config)[0]].sandbox_url,
+            }
+        run = AgentRun(kind, agent_config, model_gateway, box_secrets, self._agent_limits())
+        simulation = self._simulation()
+        if simulation is None:
+            failure = self._agent_turn(run, self.ex.trial.prompt)
+        else:
+            failure = self._converse(run, simulation)
+        if failure is not None:
+            return failure
+        agent = run.outcome()
+        self.ex.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
+        outcome = self._agent_outcome(agent, run.result())
+        if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
+            outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
+        return outcome
+
+    def _agent_turn(self, run: "AgentRun", prompt: str, turn: int = 1) -> Outcome | None:
+        """One run of the agent's process: its first (`prepare`) or a later turn of a conversation
+        (`resume`, in the session the last turn reported). None when it ran (`run` holds how it
+        ended), else the error that kept it from starting."""
+        kind, model_gateway = run.kind, run.gateway
+        cwd, home = self.ex.paths.workspace, self.ex.paths.home
+        try:
+            if turn == 1:
+                invocation = kind.prepare(prompt, cwd, home, run.config, run.secrets)
+            else:
+                config = {**run.config, "turn": turn}
+                invocation = kind.resume(prompt, run.session, cwd, home, config, run.secrets)
+        except agents.AgentSetupError as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        if refused := _refused_secrets(invocation.secrets_needed):
+            return refused
+        secrets = {name: run.secrets[name] for name in invocation.secrets_needed if run.secrets.get(name)}
+        self.ex.secret_values += [value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY]
+        agent_base.write_files(invocation)
+        self.ex.give_workspace_to_sandbox()
+        parser = kind.parser(run.config)
+        run_limits = self.ex.config.get("run_limits") or {}
+        state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
+        watcher = early_stop.Watcher.for_config(self.ex.config)
+
+        def record_calls() -> None:
+            if model_gateway is not None:
+                for call in model_gateway.drain():
+                    self.ex.recorder.add(TrialEvent.Kind.USAGE, call)
+
+        def on_line(line: str) -> None:
+            # A hostile agent may print gigabytes: past this much, lines are not parsed (the
+            # process still runs, bounded by its wall clock; its stored output is capped).
+            state["parsed"] += len(line)
+            if state["parsed"] > MAX_PARSED_BYTES:
+                if not state["parse_stopped"]:
+                    state["parse_stopped"] = True
+                    self.ex.recorder.add(
+                        TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"}
+                    )
+                return
+            events = parser.feed_line(line)
+            for event in events:
+                self.ex.recorder.add(event.kind, event.data)
+            if state["limit"] is None:  # what the agent itself reports counts too, over every turn
+                state["limit"] = agent_base.budget_crossed(run.usage_with(parser.usage), run_limits)
+            if state["limit"] is None and any(e.kind in ("tool_call", "tool_result") for e in events):
+                calls = [*run.tool_calls, *parser.tool_calls]
+                state["limit"] = self._tool_call_limit(calls, run_limits, watcher)
+
+        disk = DiskWatch(
+            [self.ex.paths.workspace, self.ex.paths.home, self.ex.paths.tmp], self.ex.disk_bytes()
+        )
+
+        def should_stop() -> str | None:
+            record_calls()
+            if model_gateway is not None and state["limit"] is None:
+                state["limit"] = model_gateway.stop_reason()
+            if state["limit"] is None and disk.exceeded():
+                state["limit"] = "disk"
+            return (
+                self.ex.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
+            )
+
+        result = None
+        if invocation.argv is not None:
+            result = self.ex.sandboxed(
+                invocation.argv,
+                limits=run.limits_now(),
+                secrets=secrets,
+                extra={**self._mock_path(), **invocation.env_extra},
+                mounts=self._agent_mounts(run.config),
+                via=model_gateway,
+                stdin=invocation.stdin,
+                on_stdout_line=on_line,
+                should_stop=should_stop,
+                # Output is acted on as it comes (see sandbox.run_process); the clock is for the
+                # rest: cancel, a lost lease, the gateway's budget, the disk. A tenth of a second
+                # cost a worker of 256 agents a core in wakeups.
+                poll_interval=1.0,
+            )
+        if model_gateway is not None:
+            model_gateway.settle()
+        record_calls()
+        if model_gateway is not None and state["limit"] is None:
+            state["limit"] = model_gateway.stop_reason()
+        if state["limit"] is None and result is not None:
+            state["limit"] = _resource_limit(result)
+        run.add(kind.finish(result, parser, limit_hit=state["limit"]), result, parser.session_id)
+        self.ex.agent_process_seconds = run.seconds
+        return None
+
+    def _simulation(self) -> dict | None:
+        simulation = self.ex.config.get("simulation") or {}
+        return simulation if simulation.get("enabled") else None
+
+    def _converse(self, run: "AgentRun", simulation: dict) -> Outcome | None:
+        """A simulated user's conversation with the agent (`conversation.converse`); None when it
+        ran to its end (graded next), else the error that ended the trial."""
+        name = simulation.get("answerer") or ("scripted" if simulation.get("answers") else "persona")
+        try:
+            answerer = answerers.get_answerer(name)
+        except answerers.UnknownAnswerer as exc:
+            return Outcome(Trial.Status.ERROR, "setup", str(exc))
+        if not run.kind.can_resume:
+            return Outcome(
+                Trial.Status.ERROR, "setup",
+                f"agent kind {self.ex.agent_kind()} cannot resume a session, which a simulation needs",
+            )  # fmt: skip
+        client = None
+        if answerer.needs_model:
+            try:
+                _, upstream = roles.endpoint(os.environ, "EVALSITE_ANSWERER_PROVIDER")
+            except roles.ModelCallError as exc:
+                return Outcome(Trial.Status.ERROR, "setup", f"the {name} answerer cannot call a model: {exc}")
+            self.ex.secret_values.append(upstream.key)
+            client = roles.RoleClient(
+                "answerer", self.ex.root / "answerer.sock", upstream, self.ex.budget("answerer")
+            )
+        details = {
+            **simulation,
+            "model": simulation.get("model") or os.environ.get("EVALSITE_ANSWERER_MODEL") or None,
+            "description": self.ex.config.get("description") or "",
+        }
+        failures: list[Outcome] = []
+
+        def take_turn(prompt: str, turn: int) -> conversation.TurnEnd:
+            failure = self._agent_turn(run, prompt, turn)
+            if failure is not None:
+                failures.append(failure)
+                return conversation.TurnEnd("", completed=False)
+            return conversation.TurnEnd(run.last.final_text, run.last.status == agent_base.COMPLETED)
+
+        def tokens_used() -> int:
+            return run.outcome().usage.total_tokens + (client.totals().total_tokens if client else 0)
+
+        try:
+            ending = conversation.converse(
+                details, self.ex.trial.prompt or None, take_turn, answerer, client, self.ex.recorder.add,
+                passed_now=lambda: self._passes_now(run), tokens_used=tokens_used,
+            )  # fmt: skip
+        finally:
+            if client is not None:
+                client.close()
+                self.ex.account(client)
+        self.ex.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
+        self.ex.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
+        if failures:
+            return failures[0]
+        if ending.error:
+            return Outcome(Trial.Status.ERROR, "answerer", ending.error)
+        run.budget = ending.budget
+        return None
+
+    def _passes_now(self, run: "AgentRun") -> bool:
+        """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
+        self.ex.agent = run.outcome()
+        probe = Outcome(Trial.Status.RUNNING)
+        self.ex.grade(probe)
+        return probe.status == Trial.Status.PASSED
+
+    def _tool_call_limit(
+        self, calls: list[dict], run_limits: dict, watcher: early_stop.Watcher | None
+    ) -> str | None:
+        """`max_tool_calls` crossed, or an armed criterion decided the trial (coder-eval's early
+        stop): either stops the agent, which is then graded."""
+        most = run_limits.get("max_tool_calls")
+        if most is not None and len(calls) > most:
+            return "max_tool_calls"
+        if watcher is not None and (stop := watcher.observe(criteria.graded_calls(calls))):
+            self.ex.early_stop = stop
+            self.ex.recorder.add(TrialEvent.Kind.SYSTEM, stop.event())
+            return "early_stop"
+        return None
+
+    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:
+        self.ex.agent = agent
+        cap = settings.AGENT_OUTPUT_CAP_BYTES
+        outcome = Outcome(
+            Trial.Status.RUNNING,
+            visible_turns=len(agent.tool_calls) + (1 if agent.final_text else 0),
+            usage=agent.usage,
+            exit_code=agent.exit_code,
+            stdout=redact(result.stdout[:cap], self.ex.secret_values) if result else "",
+            stderr=redact(result.stderr[:cap], self.ex.secret_values) if result else "",
+        )
+        if agent.status == agent_base.CANCELLED or (result and result.stop_reason == "lease_lost"):
+            lost = result is not None and result.stop_reason == "lease_lost"
+            stopped = self.ex.stopped("lease_lost" if lost else "cancelled")
+            outcome.status = stopped.status
+            outcome.error_category, outcome.error_message = stopped.error_category, stopped.error_message
+            return outcome
+        if agent.status == agent_base.ERROR:
+            outcome.status = Trial.Status.ERROR
+            outcome.error_category = agent.error_category or "agent_error"
+            outcome.error_message = redact(agent.error or "the agent failed", self.ex.secret_values)
+        elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
+            outcome.stopped_early = self.ex.early_stop.reason
+        elif agent.status == agent_base.LIMIT:
+            outcome.timed_out = agent.limit == "timeout"
+            outcome.budget_exceeded = "" if agent.limit == "timeout" else (agent.limit or "")
+        return outcome
+
+    def _agent_config(self) -> dict:
+        config = dict(self.ex.config.get("agent") or {})
+        row = f"/{self.ex.trial.dataset_row_id}" if self.ex.trial.dataset_row_id else ""
+        config["task_id"] = self.ex.trial.task_version.task.slug + row
+        reference = self.ex.reference_dir()
+        if reference is not None:
+            config["reference_path"] = str(reference)
+        max_turns = (self.ex.config.get("run_limits") or {}).get("max_turns")
+        if max_turns and "max_turns" not in config:
+            config["max_turns"] = max_turns
+        if config.get("script"):
+            bundle_dir, yaml_dir = self.ex.origin("agent.script")
+            script = (bundle_dir / yaml_dir / config["script"]).resolve()
+            if not script.is_relative_to(bundle_dir.resolve()) or not script.is_file():
+                raise TrialAborted("setup", f"agent.script {config['script']!r} is not a file in the bundle")
+            config["script_path"] = str(script)
+            command = config.get("command")
+            if isinstance(command, list):
+                config["command"] = [part.replace("{script}", str(script)) for part in command]
+            elif isinstance(command, str):
+                config["command"] = command.replace("{script}", str(script))
+        if config.get("system_prompt_file"):
+            # coder-eval: the file's text is the system prompt (the two are mutually exclusive).
+            bundle_dir, yaml_dir = self.ex.origin("agent.system_prompt_file")
+            prompt_file = (bundle_dir / yaml_dir / config.pop("system_prompt_file")).resolve()
+            if not prompt_file.is_relative_to(bundle_dir.resolve()) or not prompt_file.is_file():
+                raise TrialAborted("setup", "agent.system_prompt_file is not a file in the bundle")
+            config["system_prompt"] = prompt_file.read_text(encoding="utf-8")
+        return config
+
+    def _agent_limits(self) -> sandbox.Limits:
+        run_limits = self.ex.config.get("run_limits") or {}
+        box = (self.ex.config.get("sandbox") or {}).get("limits") or {}
+        wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
+        if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
+            wall = min(wall, float(box["timeout"]))
+        return sandbox.Limits(
+            wall_seconds=wall,
+            cpu_seconds=int(wall * 4),
+            memory_bytes=self.ex.memory_bytes(),
+            max_processes=box.get("max_pids") or 512,
+            max_file_bytes=1 << 30,
+            stdout_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES * 4,
+            stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
+        )
+
+    def _agent_mounts(self, agent_config: dict) -> list[sandbox.Mount]:
+        """The agent's script (agent.script), read-only: nothing else of the bundles."""
+        script = agent_config.get("script_path")
+        return [sandbox.Mount(Path(script))] if script else []
+
+    def _mock_path(self) -> dict[str, str]:
+        """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
+        executables first on the agent's PATH (missing folders are skipped, as there)."""
+        dirs = []
+        for relative in (self.ex.config.get("sandbox") or {}).get("mock_path_dirs") or []:
+            folder = (self.ex.paths.workspace / relative).resolve()
+            if not folder.is_relative_to(self.ex.paths.workspace.resolve()) or not folder.is_dir():
+                continue
+            for entry in folder.iterdir():
+                if entry.is_file() and not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode | 0o111)
+            dirs.append(str(folder))
+        if not dirs:
+            return {}
+        return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
+
+
+def _resource_limit(result: sandbox.ProcessResult) -> str | None:
+    """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
+    if result.memory_exhausted:
+        return "memory"
+    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(result.signal)
+
+
+def _refused_secrets(names: list[str]) -> Outcome | None:
+    """A variant (or a launch override) names the variables it wants; only those the worker's
+    operator declared as agent secrets may leave the worker's environment."""
+    refused = sorted({str(name) for name in names} - set(settings.AGENT_SECRET_NAMES))
+    if not refused:
+        return None
+    return Outcome(
+        Trial.Status.ERROR,
+        "setup",
+        f"the agent asks for {', '.join(refused)}, which this worker does not hand to agents: "
+        "add the name to AGENT_SECRET_NAMES in the worker's environment if it is an agent's key",
+    )

@@ -1,0 +1,35 @@
+"""How a trial ended, as the runner stores it (and what makes it end early in setup)."""
+
+from dataclasses import dataclass, field
+
+from runs_app.engine.agents import base as agent_base
+
+
+class TrialAborted(Exception):
+    """Setup failed in a way that makes the trial `error` (message says what to fix)."""
+
+    def __init__(self, category: str, message: str):
+        self.category = category
+        super().__init__(message)
+
+
+@dataclass
+class Outcome:
+    status: str
+    error_category: str = ""
+    error_message: str = ""
+    score: float | None = None
+    timed_out: bool = False
+    budget_exceeded: str = ""
+    stopped_early: str = ""
+    visible_turns: int = 0
+    trajectory: dict | None = None
+    usage: agent_base.Usage = field(default_factory=agent_base.Usage)
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    diff: str = ""
+    diff_truncated: bool = False
+    criteria: list = field(default_factory=list)
+    artifact: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
