@@ -128,3 +128,67 @@ def test_the_api_accepts_a_plugin_kind_for_every_variant(plugin, tmp_path, clien
 
     assert ok.status_code == 201, ok.content
     assert bad.status_code == 422 and "unknown agent type 'stmp'" in bad.json()["detail"]
+
+
+ANSWERER_PLUGIN = '''
+"""A plugin answerer: tells the agent which word to write, then ends the conversation."""
+
+from runs_app.engine.answerers import Answerer, Reply
+
+
+class Dictator(Answerer):
+    name = "dictator"
+
+    def answer(self, simulation, conversation, client):
+        if any(message.role == "user" for message in conversation):
+            return Reply("", stop=True)
+        return Reply("write the word plugged-in")
+'''
+# Writes what the user's latest message asks for (its prompt, on stdin), each turn.
+ECHO_AGENT = "cat > said.txt; cat said.txt | sed -n 's/^write the word //p' > word.txt; cat word.txt"
+
+
+def test_an_installed_answerer_plays_the_user_through_a_real_worker(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "evalsite_dictator").mkdir(parents=True)
+    (site / "evalsite_dictator" / "__init__.py").write_text(ANSWERER_PLUGIN)
+    info = site / "evalsite_dictator-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evalsite-dictator\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[evalsite.answerers]\ndictator = evalsite_dictator:Dictator\n")
+    monkeypatch.syspath_prepend(str(site))
+    make_task(
+        tmp_path,
+        "dictated",
+        """
+        task_id: dictated
+        initial_prompt: wait for the word
+        simulation: {enabled: true, answerer: dictator, max_turns: 3}
+        success_criteria:
+          - type: file_contains
+            path: word.txt
+            includes: [plugged-in]
+        """,
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        f"""
+        experiment_id: dictated
+        variants:
+          - variant_id: echo
+            agent: {{type: command, command: "{ECHO_AGENT}"}}
+        """,
+    )
+    purge_broker()
+    worker = WorkerProcess(tmp_path, extra_env={"PYTHONPATH": str(site)}).start()
+    try:
+        run = wait_for_run(launch_run(experiment), timeout=120, worker=worker)
+    finally:
+        worker.kill()
+    trial = Trial.objects.get(run=run)
+    assert trial.status == "passed", (trial.error_category, trial.error_message, worker.log()[-3000:])
+    assert [(m["role"], m["text"]) for m in trial.trajectory["dialog"]] == [
+        ("task", "wait for the word"), ("agent", ""), ("user", "write the word plugged-in"),
+        ("agent", ""),
+    ]  # fmt: skip
