@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from evalsite.keyed_locks import KeyedLocks
 from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
 from runs_app.analysis.compare import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit, compare
@@ -144,20 +145,29 @@ MEMO_SECONDS = 60.0
 MEMO_SIZE = 16
 _memo: OrderedDict[tuple, tuple[float, Any]] = OrderedDict()
 _memo_lock = threading.Lock()
+_compute_locks = KeyedLocks()
 
 
 def _memoised(key: tuple, compute):
-    now = time.monotonic()
-    with _memo_lock:
-        hit = _memo.get(key)
-        if hit is not None and now - hit[0] < MEMO_SECONDS:
-            _memo.move_to_end(key)
+    def kept():
+        with _memo_lock:
+            hit = _memo.get(key)
+            if hit is not None and time.monotonic() - hit[0] < MEMO_SECONDS:
+                _memo.move_to_end(key)
+                return hit
+        return None
+
+    if (hit := kept()) is not None:
+        return hit[1]
+    with _compute_locks(key):  # a hundred viewers of one change compute it once
+        if (hit := kept()) is not None:
             return hit[1]
-    value = compute()
-    with _memo_lock:
-        _memo[key] = (now, value)
-        while len(_memo) > MEMO_SIZE:
-            _memo.popitem(last=False)
+        now = time.monotonic()
+        value = compute()
+        with _memo_lock:
+            _memo[key] = (now, value)
+            while len(_memo) > MEMO_SIZE:
+                _memo.popitem(last=False)
     return value
 
 

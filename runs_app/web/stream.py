@@ -22,6 +22,7 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
+from evalsite.keyed_locks import KeyedLocks
 from runs_app import live
 from runs_app.models import Run, Trial, TrialEvent
 from runs_app.web.presenters import TranscriptFolder
@@ -75,22 +76,32 @@ def _run_state(run_id: int) -> StreamState | None:
     """The run's counts and status, read once per notice for all of this process's streams of
     the run (a stream woken by the same notice, or re-checking within 0.2 s, reuses it)."""
     version = live.hub().version(f"run:{run_id}")
-    now = time.monotonic()
-    with _rendered_lock:
-        cached = _states.get(run_id)
-    if cached is not None and cached[0] == version and now - cached[1] < STATE_REUSE_SECONDS:
-        return cached[2]
-    row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
-    state = StreamState(*row) if row is not None else None
-    with _rendered_lock:
-        if len(_states) >= MAX_SHARED_RENDERS:
-            _states.clear()
-        _states[run_id] = (version, now, state)
+
+    def fresh() -> StreamState | None:
+        with _rendered_lock:
+            cached = _states.get(run_id)
+        if cached is not None and cached[0] == version and time.monotonic() - cached[1] < STATE_REUSE_SECONDS:
+            return cached[2]
+        return None
+
+    if (state := fresh()) is not None:
+        return state
+    with _state_locks(run_id):  # the streams woken together read it once
+        if (state := fresh()) is not None:
+            return state
+        now = time.monotonic()
+        row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
+        state = StreamState(*row) if row is not None else None
+        with _rendered_lock:
+            if len(_states) >= MAX_SHARED_RENDERS:
+                _states.clear()
+            _states[run_id] = (version, now, state)
     return state
 
 
 STATE_REUSE_SECONDS = 0.2
 _states: dict[int, tuple[int, float, StreamState | None]] = {}
+_state_locks = KeyedLocks()
 
 
 # The live fragments are rendered once per change of a run for all of a web process's streams
@@ -99,22 +110,31 @@ _states: dict[int, tuple[int, float, StreamState | None]] = {}
 CSRF_PLACEHOLDER = "__evalsite_csrf_token__"
 _rendered: dict[tuple, tuple[StreamState, str]] = {}
 _rendered_lock = threading.Lock()
+# Streams woken by one change ask at once: the first renders, the others wait for its result.
+_render_locks = KeyedLocks()
 MAX_SHARED_RENDERS = 256
 
 
 def _shared_fragments(run_id: int, state: StreamState, filters: dict) -> str:
     key = (run_id, tuple(sorted((k, str(v)) for k, v in filters.items())))
-    with _rendered_lock:
-        cached = _rendered.get(key)
-    if cached is not None and cached[0] == state:
-        return cached[1]
-    run = Run.objects.select_related("experiment").get(pk=run_id)
-    ctx = {**run_context(run, filters), "oob": True, "csrf_token": CSRF_PLACEHOLDER}
-    html = render_to_string("runs/run_detail.html#live", ctx)
-    with _rendered_lock:
-        if len(_rendered) >= MAX_SHARED_RENDERS:
-            _rendered.clear()
-        _rendered[key] = (state, html)
+
+    def cached() -> str | None:
+        with _rendered_lock:
+            hit = _rendered.get(key)
+        return hit[1] if hit is not None and hit[0] == state else None
+
+    if (html := cached()) is not None:
+        return html
+    with _render_locks(key):
+        if (html := cached()) is not None:
+            return html
+        run = Run.objects.select_related("experiment").get(pk=run_id)
+        ctx = {**run_context(run, filters), "oob": True, "csrf_token": CSRF_PLACEHOLDER}
+        html = render_to_string("runs/run_detail.html#live", ctx)
+        with _rendered_lock:
+            if len(_rendered) >= MAX_SHARED_RENDERS:
+                _rendered.clear()
+            _rendered[key] = (state, html)
     return html
 
 
