@@ -1,5 +1,6 @@
-"""evalsite.sqlite: threads of one process take SQLite's write lock in turn, not by polling."""
+"""evalsite.sqlite: threads and processes take SQLite's write lock in turn, not by polling."""
 
+import multiprocessing
 import threading
 import time
 
@@ -88,3 +89,37 @@ def test_a_failed_begin_or_a_rollback_gives_the_turn_back(tmp_path):
     _write(other, hold_seconds=0)  # would block forever on a turn never given back
     other.close()
     database.close()
+
+
+def _process_writer(path: str, index: int, errors) -> None:
+    database = _database(path, f"process-{index}")
+    try:
+        for _ in range(5):
+            _write(database, hold_seconds=0.02)  # the others wait far past the 50 ms timeout
+    except BaseException as exc:
+        errors.put(repr(exc))
+    finally:
+        database.close()
+
+
+def test_processes_write_in_turn_past_sqlites_own_timeout(tmp_path):
+    path = str(tmp_path / "db.sqlite3")
+    setup = _database(path, "setup")
+    with setup.cursor() as cursor:
+        cursor.execute("CREATE TABLE counter (n INTEGER)")
+        cursor.execute("INSERT INTO counter VALUES (0)")
+    setup.close()
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    processes = [context.Process(target=_process_writer, args=(path, i, errors)) for i in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+
+    assert errors.empty() and all(process.exitcode == 0 for process in processes)
+    check = _database(path, "check")
+    with check.cursor() as cursor:
+        cursor.execute("SELECT n FROM counter")
+        assert cursor.fetchone()[0] == 20
+    check.close()

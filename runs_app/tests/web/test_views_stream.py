@@ -1,3 +1,7 @@
+import threading
+import time
+from unittest import mock
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
@@ -236,3 +240,34 @@ def test_the_live_transcript_folds_as_the_page_does_replacing_what_it_showed_bef
     assert html.count('<li id="event-') == 2 and html.count('hx-swap-oob="true"') == 2
     assert 'id="event-1"' in html and "3 passed" in html and "pytest -q" in html
     assert 'id="event-usage"' in html and 'data-seq="3"' not in html
+
+
+def test_streams_woken_together_render_a_change_once():
+    """Twenty streams of one process asking for the same state at once: one renders, the
+    others wait for its result (rendering per stream cost the web tier most of its CPU)."""
+    state = stream.StreamState("running", 4, 1, 1, 2, 0, 0, 0)
+    calls = []
+
+    def slow_context(run, filters):
+        calls.append(run.pk)
+        time.sleep(0.05)
+        return {"run": run}
+
+    run = mock.Mock(pk=987654)
+    with (
+        mock.patch.object(stream, "run_context", slow_context),
+        mock.patch.object(stream.Run.objects, "select_related") as select,
+        mock.patch.object(stream, "render_to_string", lambda name, ctx: f"html of {ctx['run'].pk}"),
+    ):
+        select.return_value.get.return_value = run
+        results = []
+        threads = [
+            threading.Thread(target=lambda: results.append(stream._shared_fragments(run.pk, state, {})))
+            for _ in range(20)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=10)
+
+    assert calls == [run.pk] and results == ["html of 987654"] * 20
