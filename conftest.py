@@ -65,12 +65,11 @@ def _no_live_listener_outlives_its_test():
     yield
     from runs_app import live
     from runs_app.analysis import load
-    from runs_app.web import stream
+    from runs_app.web import fragments
 
     if live._hub is not None:
         live._hub.stop()
-    stream._rendered.clear()  # run ids repeat across test databases
-    stream._states.clear()
+    fragments.forget()  # run ids repeat across test databases
     load.forget_comparisons()  # and so do (run id, tally version) pairs
 
 

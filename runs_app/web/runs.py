@@ -12,34 +12,24 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import F
 from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from experiments_app.models import Experiment
 from runs_app import control
 from runs_app.launching import LaunchError, launch_run, rerun_options
 from runs_app.models import Run, Trial, with_last_run
-from runs_app.web.presenters import attach_variant_counts, run_progress_numbers, variant_rows
-from runs_app.web.workers import worker_health
+from runs_app.web.fragments import (
+    PARTS,
+    TRIAL_SORTS,
+    for_viewer,
+    live_parts,
+    run_state,
+)
+from runs_app.web.presenters import attach_variant_counts
 
-RUN_TRIAL_ROWS = 50
 RUN_LIST_ROWS = 50
-TRIAL_ROW_FIELDS = (
-    "run_id", "variant__slug", "variant__position", "task_version__task__slug", "replicate",
-    "dataset_row_id", "status", "attempt", "score", "started_at", "finished_at", "duration_seconds",
-    "input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens", "cost_usd",
-    "error_category", "timed_out", "budget_exceeded", "stopped_early", "host",
-)  # fmt: skip
-
-
-# The trial table's orders (?sort=): launch order by default, so rows stay put while trials
-# finish; each is served by an index of (run, ...) (see Trial.Meta).
-TRIAL_SORTS = {
-    "": ("launch order", ("pk",)),
-    "finished": ("recently finished", (F("finished_at").desc(nulls_last=True), "pk")),
-    "slowest": ("slowest", (F("duration_seconds").desc(nulls_last=True), "pk")),
-}
 
 
 class TrialFilterForm(forms.Form):
@@ -98,46 +88,6 @@ def run_list(request: HttpRequest) -> HttpResponse:
 # --- the run page -----------------------------------------------------------------------------
 
 
-def trial_rows(run: Run, filters: dict) -> tuple[list[Trial], bool]:
-    """One page of the run's current trials, newest finished first; and whether more follow."""
-    trials = Trial.objects.for_run(run).current().select_related("variant", "task_version__task")
-    if filters.get("variant"):
-        trials = trials.filter(variant__slug=filters["variant"])
-    if filters.get("task"):
-        trials = trials.filter(task_version__task__slug__icontains=filters["task"])
-    if filters.get("status"):
-        trials = trials.filter(status=filters["status"])
-    if filters.get("category"):
-        trials = trials.filter(error_category=filters["category"])
-    start = ((filters.get("page") or 1) - 1) * RUN_TRIAL_ROWS
-    # `pk` ascending, not descending: the (run, -finished_at) index then serves the whole
-    # ORDER BY of "finished" and the LIMIT stops early (5 ms instead of 250 ms at 100,000 trials).
-    ordered = trials.only(*TRIAL_ROW_FIELDS).order_by(*TRIAL_SORTS[filters.get("sort") or ""][1])
-    rows = list(ordered[start : start + RUN_TRIAL_ROWS + 1])
-    return rows[:RUN_TRIAL_ROWS], len(rows) > RUN_TRIAL_ROWS
-
-
-def run_context(run: Run, filters: dict, now=None) -> dict:
-    """Everything the live parts of the run page show."""
-    trials, has_more = trial_rows(run, filters)
-    query = {k: v for k, v in filters.items() if v and k != "page"}
-    page = filters.get("page") or 1
-    return {
-        "run": run,
-        "progress": run_progress_numbers(run, now or timezone.now()),
-        "error_groups": control.error_groups(run) if run.n_error else [],
-        "workers": worker_health(run, now or timezone.now()),
-        "variant_rows": variant_rows(run),
-        "trials": trials,
-        "has_more": has_more,
-        "page": page,
-        "next_query": urlencode({**query, "page": page + 1}),
-        "prev_query": urlencode({**query, "page": page - 1}) if page > 1 else "",
-        "filter_query": urlencode({**query, **({"page": page} if page > 1 else {})}),
-        "sort_query": urlencode({k: v for k, v in query.items() if k != "sort"}),
-    }
-
-
 def trial_filters(request: HttpRequest) -> tuple[TrialFilterForm, dict]:
     form = TrialFilterForm(request.GET)
     return form, (form.cleaned_data if form.is_valid() else {})
@@ -148,7 +98,11 @@ def trial_filters(request: HttpRequest) -> tuple[TrialFilterForm, dict]:
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for_user(request, run_id)
     form, filters = trial_filters(request)
-    return render(request, "runs/run_detail.html", {**run_context(run, filters), "filter_form": form})
+    parts = live_parts(run.pk, run_state(run.pk), filters, oob=False)
+    token = get_token(request)
+    shown = {name: for_viewer(parts[name], token=token) for name in PARTS}
+    context = {**parts["context"], "run": run, "parts": shown, "filter_form": form}
+    return render(request, "runs/run_detail.html", context)
 
 
 # --- run actions --------------------------------------------------------------------------

@@ -7,10 +7,8 @@ connection while it waits (each check returns its connection at once), and re-ch
 few seconds in case a notice was missed. It ends once the run is final.
 """
 
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
@@ -22,11 +20,11 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
-from evalsite.keyed_locks import KeyedLocks
 from runs_app import live
-from runs_app.models import Run, Trial, TrialEvent
+from runs_app.models import Trial, TrialEvent
+from runs_app.web.fragments import PARTS, RunState, for_viewer, live_parts, run_state
 from runs_app.web.presenters import TranscriptFolder
-from runs_app.web.runs import get_run_for_user, run_context, trial_filters
+from runs_app.web.runs import get_run_for_user, trial_filters
 
 # Without a notice, a stream still checks this often (a missed notice costs at most this).
 STREAM_CHECK_SECONDS = 5.0
@@ -38,104 +36,23 @@ STREAM_KEEPALIVE_SECONDS = 15.0
 STREAM_MAX_SECONDS = 600.0
 
 
-class StreamState(NamedTuple):
-    status: str
-    n_trials: int
-    n_queued: int
-    n_running: int
-    n_passed: int
-    n_failed: int
-    n_error: int
-    n_cancelled: int
-
-    @property
-    def final(self) -> bool:
-        return self.status in (Run.Status.FINISHED, Run.Status.CANCELLED)
-
-
 def run_stream_update(
     run_id: int,
-    last_state: StreamState | None,
+    last_state: RunState | None,
     filters: dict | None = None,
     request: HttpRequest | None = None,
     csrf_token: str | None = None,
-) -> tuple[str | None, StreamState | None]:
+) -> tuple[str | None, RunState | None]:
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
     The state is None when the run no longer exists."""
-    state = _run_state(run_id)
+    state = run_state(run_id)
     if state is None:
         return None, None
     if state == last_state:
         return None, state
-    token = csrf_token or (get_token(request) if request is not None else "")
-    return _shared_fragments(run_id, state, filters or {}).replace(CSRF_PLACEHOLDER, token), state
-
-
-def _run_state(run_id: int) -> StreamState | None:
-    """The run's counts and status, read once per notice for all of this process's streams of
-    the run (a stream woken by the same notice, or re-checking within 0.2 s, reuses it)."""
-    version = live.hub().version(f"run:{run_id}")
-
-    def fresh() -> StreamState | None:
-        with _rendered_lock:
-            cached = _states.get(run_id)
-        if cached is not None and cached[0] == version and time.monotonic() - cached[1] < STATE_REUSE_SECONDS:
-            return cached[2]
-        return None
-
-    if (state := fresh()) is not None:
-        return state
-    with _state_locks(run_id):  # the streams woken together read it once
-        if (state := fresh()) is not None:
-            return state
-        now = time.monotonic()
-        row = Run.objects.filter(pk=run_id).values_list(*StreamState._fields).first()
-        state = StreamState(*row) if row is not None else None
-        with _rendered_lock:
-            if len(_states) >= MAX_SHARED_RENDERS:
-                _states.clear()
-            _states[run_id] = (version, now, state)
-    return state
-
-
-STATE_REUSE_SECONDS = 0.2
-_states: dict[int, tuple[int, float, StreamState | None]] = {}
-_state_locks = KeyedLocks()
-
-
-# The live fragments are rendered once per change of a run for all of a web process's streams
-# that show it with the same filters; each stream then puts its viewer's CSRF token into the
-# forms (the only part of them that depends on who looks). Only the latest state is kept.
-CSRF_PLACEHOLDER = "__evalsite_csrf_token__"
-_rendered: dict[tuple, tuple[StreamState, str]] = {}
-_rendered_lock = threading.Lock()
-# Streams woken by one change ask at once: the first renders, the others wait for its result.
-_render_locks = KeyedLocks()
-MAX_SHARED_RENDERS = 256
-
-
-def _shared_fragments(run_id: int, state: StreamState, filters: dict) -> str:
-    key = (run_id, tuple(sorted((k, str(v)) for k, v in filters.items())))
-
-    def cached() -> str | None:
-        with _rendered_lock:
-            hit = _rendered.get(key)
-        return hit[1] if hit is not None and hit[0] == state else None
-
-    if (html := cached()) is not None:
-        return html
-    with _render_locks(key):
-        if (html := cached()) is not None:
-            return html
-        run = Run.objects.select_related("experiment").get(pk=run_id)
-        ctx = {**run_context(run, filters), "oob": True, "csrf_token": CSRF_PLACEHOLDER}
-        html = render_to_string("runs/run_detail.html#live", ctx)
-        with _rendered_lock:
-            if len(_rendered) >= MAX_SHARED_RENDERS:
-                _rendered.clear()
-            _rendered[key] = (state, html)
-    return html
+    parts = live_parts(run_id, state, filters or {}, oob=True)
+    return for_viewer("".join(parts[name] for name in PARTS), request, csrf_token), state
 
 
 def sse_event(name: str, data: str) -> bytes:
@@ -151,7 +68,7 @@ class RunStream:
     def __init__(self, run_id: int, filters: dict, request: HttpRequest | None = None):
         self.run_id, self.filters, self.request = run_id, filters, request
         self.csrf_token = get_token(request) if request is not None else ""
-        self.state: StreamState | None = None
+        self.state: RunState | None = None
         self.done = False
         self.started = self.last_sent = time.monotonic()
 

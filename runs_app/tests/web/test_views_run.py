@@ -119,7 +119,7 @@ def test_it_ignores_filters_that_are_not_valid(member_client):
 
 
 def test_it_pages_the_trial_table(member_client, monkeypatch):
-    monkeypatch.setattr("runs_app.web.runs.RUN_TRIAL_ROWS", 4)
+    monkeypatch.setattr("runs_app.web.fragments.RUN_TRIAL_ROWS", 4)
     run = launched_run()
 
     first = member_client.get(_url("run_detail", run))
@@ -243,13 +243,16 @@ def test_it_groups_errors_by_cause_with_counts_and_a_link_to_those_trials(member
 
 
 @pytest.mark.django_db
-def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client):
+def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client, monkeypatch):
     from datetime import timedelta
 
     from django.utils import timezone
 
     from runs_app.models import Worker
+    from runs_app.web import fragments
 
+    monkeypatch.setattr(fragments, "KEPT_SECONDS", 0)  # each look below reads the workers afresh
+    monkeypatch.setattr(fragments, "PAGE_STALE_SECONDS", 0)
     run = launched_run()
     url = reverse("run_detail", args=[run.pk])
     assert 'data-testid="no-worker"' in member_client.get(url).content.decode()

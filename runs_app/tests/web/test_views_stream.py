@@ -11,7 +11,7 @@ from runs_app import live
 from runs_app.analysis import rollup
 from runs_app.models import Run
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
-from runs_app.web import stream
+from runs_app.web import fragments, stream
 
 
 @pytest.fixture(autouse=True)
@@ -245,7 +245,7 @@ def test_the_live_transcript_folds_as_the_page_does_replacing_what_it_showed_bef
 def test_streams_woken_together_render_a_change_once():
     """Twenty streams of one process asking for the same state at once: one renders, the
     others wait for its result (rendering per stream cost the web tier most of its CPU)."""
-    state = stream.StreamState("running", 4, 1, 1, 2, 0, 0, 0)
+    state = fragments.RunState("running", 4, 1, 1, 2, 0, 0, 0)
     calls = []
 
     def slow_context(run, filters):
@@ -255,14 +255,16 @@ def test_streams_woken_together_render_a_change_once():
 
     run = mock.Mock(pk=987654)
     with (
-        mock.patch.object(stream, "run_context", slow_context),
-        mock.patch.object(stream.Run.objects, "select_related") as select,
-        mock.patch.object(stream, "render_to_string", lambda name, ctx: f"html of {ctx['run'].pk}"),
+        mock.patch.object(fragments, "run_context", slow_context),
+        mock.patch.object(fragments.Run.objects, "select_related") as select,
+        mock.patch.object(fragments, "render_to_string", lambda name, ctx: f"html of {ctx['run'].pk}"),
     ):
         select.return_value.get.return_value = run
         results = []
         threads = [
-            threading.Thread(target=lambda: results.append(stream._shared_fragments(run.pk, state, {})))
+            threading.Thread(
+                target=lambda: results.append(fragments.live_parts(run.pk, state, {}, oob=True)["trials"])
+            )
             for _ in range(20)
         ]
         for thread in threads:
