@@ -171,15 +171,38 @@ def live_parts(run_id: int, state: RunState, filters: dict, *, oob: bool) -> dic
     with _part_locks(key):
         if (parts := kept()) is not None:
             return parts
+        with _lock:
+            before = _parts.get(key)
         run = Run.objects.select_related("experiment").get(pk=run_id)
         context = {**run_context(run, filters), "oob": oob, "csrf_token": CSRF_PLACEHOLDER}
-        parts = {name: render_to_string(f"runs/run_detail.html#{name}", context) for name in PARTS}
-        parts["context"] = context  # what they show, for the page around them
+        parts = {"context": context}  # what they show, for the page around them
+        for name in PARTS:
+            # A trial table whose rows did not change (the page past the trials in flight) is
+            # not rendered again: the same string, which a stream then knows it has sent.
+            if name == "trials" and before and _rows(before[2]["context"]) == _rows(context):
+                parts[name] = before[2][name]
+            else:
+                parts[name] = render_to_string(f"runs/run_detail.html#{name}", context)
         with _lock:
             if len(_parts) >= MAX_KEPT:
                 _parts.clear()
             _parts[key] = (state, time.monotonic(), parts)
     return parts
+
+
+# The fields of a trial the table's row shows that change while the run goes on.
+ROW_SHOWS = (
+    "pk", "status", "attempt", "score", "duration_seconds", "input_tokens", "output_tokens",
+    "cache_read_tokens", "cache_creation_tokens", "cost_usd", "host", "timed_out", "budget_exceeded",
+    "stopped_early", "error_category",
+)  # fmt: skip
+
+
+def _rows(context: dict) -> tuple:
+    """What the trial table shows of its rows (its pager and links depend on the filters, which
+    are part of the key)."""
+    rows = tuple(tuple(getattr(trial, field) for field in ROW_SHOWS) for trial in context["trials"])
+    return rows, context["has_more"]
 
 
 def forget() -> None:

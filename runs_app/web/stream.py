@@ -42,17 +42,22 @@ def run_stream_update(
     filters: dict | None = None,
     request: HttpRequest | None = None,
     csrf_token: str | None = None,
+    sent: dict | None = None,
 ) -> tuple[str | None, RunState | None]:
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
-    The state is None when the run no longer exists."""
+    The state is None when the run no longer exists. `sent` holds what this stream sent of
+    each part: a part unchanged since (the very same string) is not sent again."""
     state = run_state(run_id)
     if state is None:
         return None, None
     if state == last_state:
         return None, state
     parts = live_parts(run_id, state, filters or {}, oob=True)
-    return for_viewer("".join(parts[name] for name in PARTS), request, csrf_token), state
+    changed = [parts[name] for name in PARTS if sent is None or sent.get(name) is not parts[name]]
+    if sent is not None:
+        sent.update({name: parts[name] for name in PARTS})
+    return for_viewer("".join(changed), request, csrf_token), state
 
 
 def sse_event(name: str, data: str) -> bytes:
@@ -69,12 +74,13 @@ class RunStream:
         self.run_id, self.filters, self.request = run_id, filters, request
         self.csrf_token = get_token(request) if request is not None else ""
         self.state: RunState | None = None
+        self.sent: dict[str, str] = {}
         self.done = False
         self.started = self.last_sent = time.monotonic()
 
     def step(self) -> bytes:
         html, self.state = run_stream_update(
-            self.run_id, self.state, self.filters, csrf_token=self.csrf_token
+            self.run_id, self.state, self.filters, csrf_token=self.csrf_token, sent=self.sent
         )
         now = time.monotonic()
         out = b""
