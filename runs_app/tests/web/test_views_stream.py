@@ -82,6 +82,29 @@ def test_it_sends_nothing_when_the_run_did_not_change():
 
 
 @pytest.mark.django_db
+def test_a_stream_sends_only_the_parts_that_changed(monkeypatch):
+    monkeypatch.setattr(fragments, "RUN_TRIAL_ROWS", 2)  # the table shows the first two trials
+    run = launched_run()
+    sent: dict = {}
+    first, state = stream.run_stream_update(run.pk, None, sent=sent)
+
+    last = run.trials.order_by("pk").last()  # past the table's page: its rows stay as they were
+    finish_trial(last, "passed")
+    rollup.recount(run)
+    live.hub().changed(f"run:{run.pk}")
+    second, state = stream.run_stream_update(run.pk, state, sent=sent)
+
+    finish_trial(run.trials.order_by("pk").first(), "failed")
+    rollup.recount(run)
+    live.hub().changed(f"run:{run.pk}")
+    third, _ = stream.run_stream_update(run.pk, state, sent=sent)
+
+    assert all(f'id="run-{part}"' in first for part in ("progress", "variants", "trials"))
+    assert 'id="run-progress"' in second and 'id="run-trials"' not in second
+    assert 'id="run-trials"' in third and 'data-status="failed"' in third
+
+
+@pytest.mark.django_db
 def test_it_ends_the_stream_when_the_run_is_deleted():
     run = launched_run()
     run_id = run.pk
