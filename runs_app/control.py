@@ -88,7 +88,7 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
     with transaction.atomic():
         # The row lock serialises concurrent dispatches of one run (SQLite's IMMEDIATE
         # transactions already do), so max_parallel holds across any number of workers.
-        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
         if run is None:
             return None
         return _dispatch_locked(run, reserve)
@@ -284,7 +284,7 @@ def after_trial(run_id: int, trial_ids: Sequence[int] | None = None, reserve: bo
     run recounted (None, the default: every unit; empty: nothing to recount). Returns a
     reserved trial to run next when `reserve` is asked (see dispatch)."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=run_id)
         if trial_ids is None or trial_ids:
             rollup.recount(run, trial_ids)
         live.publish(run_id)

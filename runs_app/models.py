@@ -116,6 +116,9 @@ class Run(models.Model):
             models.Index(fields=["experiment", "-created_at"], name="run_experiment_created_idx"),
         ]
 
+    # JSON a run's control (counting, dispatching, finishing) never reads: left unloaded there.
+    BULKY_FIELDS = ("config", "overrides", "suite_results", "gates", "gate_results", "suite_log")
+
     def __str__(self) -> str:
         return f"run {self.pk} of {self.experiment.slug}"
 

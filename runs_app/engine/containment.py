@@ -157,7 +157,7 @@ def _sweep(find: Callable[[], set[int]], timeout: float = 5.0) -> tuple[int, boo
     """
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
-    pause = 0.002
+    pause = 0.0001  # a process just killed is usually gone within a tenth of a millisecond
     while True:
         pids = find() - {os.getpid()}
         if not pids or time.monotonic() > deadline:

@@ -35,6 +35,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from evalsite.versioning import code_version
+from experiments_app.specs import agent_kinds
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
 from runs_app.engine import (
@@ -165,7 +166,9 @@ class TrialExecution:
             return Outcome(Trial.Status.ERROR, "hook", failure)
         before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         agent_started = time.perf_counter()
-        self.recorder.phase("agent", flush=True, kind=self.agent_kind())
+        # Shown at once while an agent runs; `none` and `oracle` run no process to watch.
+        kind = self.agent_kind()
+        self.recorder.phase("agent", flush=kind not in agent_kinds.UNWATCHED_KINDS, kind=kind)
         outcome = AgentPhase(self).run()
         timings["agent"] = time.perf_counter() - agent_started
         after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
@@ -174,7 +177,8 @@ class TrialExecution:
             return outcome
 
         grading_started = time.perf_counter()
-        self.recorder.phase("grading", flush=True)  # what was spent so far is kept, whatever grading does
+        # What was spent so far is stored before a model is asked to grade (a long call).
+        self.recorder.phase("grading", flush=judged(self.config.get("success_criteria") or []))
         self.grade(outcome)
         timings["grading"] = time.perf_counter() - grading_started
         self.recorder.phase("post_run")
@@ -424,7 +428,7 @@ class TrialExecution:
         """The judge's own gateway, when a criterion asks a model: its calls are the judge's
         (counted, priced, `budgets.judge`). Without a key there is none, and the criterion says
         which key to set."""
-        if not any(spec.get("type") == "llm_judge" and spec.get("enabled", True) for spec in specs):
+        if not judged(specs):
             return None
         try:
             _, upstream = roles.endpoint(os.environ, "EVALSITE_JUDGE_PROVIDER")
@@ -594,7 +598,8 @@ class TrialExecution:
         with transaction.atomic():
             # The run's row first: what counts the outcome (on_stored) must not interleave with
             # a recount (cancel, resume...), which holds this lock too.
-            run = Run.objects.select_for_update().get(pk=self.trial.run_id)
+            # Its frozen config (every task's digest) is not read here: a few KB of JSON a trial.
+            run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=self.trial.run_id)
             stored = Trial.objects.filter(
                 pk=self.trial.pk, status=Trial.Status.RUNNING, lease_owner=self.worker
             ).update(**fields)
@@ -615,6 +620,11 @@ class TrialExecution:
                 "trial %s: %s events over the cap were not kept", self.trial.pk, self.recorder.dropped
             )
         return True
+
+
+def judged(specs: list[dict]) -> bool:
+    """Whether grading asks a model (an enabled llm_judge criterion)."""
+    return any(spec.get("type") == "llm_judge" and spec.get("enabled", True) for spec in specs)
 
 
 def criterion_rows(trial_id: int, results: list, secrets: list[str] = ()) -> list[CriterionResult]:
