@@ -1,8 +1,8 @@
 """The model gateway: the one way out of a trial's sandbox, run by the worker for that trial.
 
-The agent holds a placeholder key and a base URL on its own loopback; `FORWARDER` (started in the
-sandbox in front of the agent) carries those connections over a unix socket bound into the
-sandbox to this gateway, which:
+The agent holds a placeholder key and a base URL on its own loopback; a forwarder started in the
+sandbox in front of the agent (`launcher/evalsite-forward.c`) carries those connections over a
+unix socket bound into the sandbox to this gateway, which:
 
 1. forwards only to the variant's configured endpoint of each API (`/anthropic/...` to the
    Anthropic Messages endpoint, `/openai/...` to the OpenAI Responses / Chat Completions one,
@@ -604,52 +604,10 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
         b.close()
 
 
-# The forwarder, run by the sandbox's Python before the agent: it listens on the sandbox's
-# loopback, then execs the agent, while a forked copy carries each connection to the gateway's
-# unix socket. Passed with -c, so no file of the worker needs to be visible in the sandbox.
-FORWARDER = r"""
-import os, select, socket, sys, threading
-port, path, command = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
-server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen(128)
-def pipe(conn):
-    try:
-        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        up.connect(path)
-    except OSError:
-        conn.close()
-        return
-    pair = [conn, up]
-    try:
-        while True:
-            ready, _, _ = select.select(pair, [], [])
-            for s in ready:
-                data = s.recv(65536)
-                if not data:
-                    return
-                (up if s is conn else conn).sendall(data)
-    except OSError:
-        pass
-    finally:
-        conn.close()
-        up.close()
-if os.fork() == 0:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    while True:
-        conn, _ = server.accept()
-        threading.Thread(target=pipe, args=(conn,), daemon=True).start()
-server.close()
-os.execvp(command[0], command)
-"""
-
-
-def wrap_command(argv: list[str], socket_path: Path, python: str) -> list[str]:
-    """`argv` started behind the forwarder (the gateway's port on the sandbox's loopback)."""
-    return [python, "-I", "-S", "-c", FORWARDER, str(SANDBOX_PORT), str(socket_path), "--", *argv]
+def wrap_command(argv: list[str], socket_path: Path, forwarder: Path) -> list[str]:
+    """`argv` started behind the forwarder (`sandbox.forwarder`: it listens on the gateway's port
+    on the sandbox's loopback and carries each connection to the gateway's unix socket)."""
+    return [str(forwarder), str(SANDBOX_PORT), str(socket_path), "--", *argv]
 
 
 def socket_path_for(root: Path) -> Path:

@@ -18,7 +18,6 @@ engine never reaches back into run control.
 import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -463,8 +462,9 @@ class TrialExecution:
         ]
         extra = dict(extra or {})
         if via is not None:
-            argv = gateway.wrap_command(list(argv), via.socket_path, sys.executable)
-            mounts.append(sandbox.Mount(via.socket_path))
+            forwarder = sandbox.forwarder(Path(settings.SANDBOX_ROOT))
+            argv = gateway.wrap_command(list(argv), via.socket_path, forwarder)
+            mounts += [sandbox.Mount(via.socket_path), sandbox.Mount(forwarder)]
             if self.paths.uid is not None:
                 os.chown(via.socket_path, self.paths.uid, self.paths.uid)
             extra = {**via.sandbox_env(), **extra}

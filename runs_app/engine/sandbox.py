@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import resource
 import secrets as secrets_module
@@ -288,24 +289,47 @@ def launcher() -> Path:
     if _LAUNCHER_CHECKED:
         return LAUNCHER  # checked once per process: this runs before every command
     with _LAUNCHER_LOCK:
-        if LAUNCHER.exists() and (
-            not _LAUNCHER_SOURCE.exists() or LAUNCHER.stat().st_mtime >= _LAUNCHER_SOURCE.stat().st_mtime
+        if not LAUNCHER.exists() or (
+            _LAUNCHER_SOURCE.exists() and LAUNCHER.stat().st_mtime < _LAUNCHER_SOURCE.stat().st_mtime
         ):
-            _LAUNCHER_CHECKED.append(True)
-            return LAUNCHER
-        compiler = shutil.which(os.environ.get("CC", "cc"))
-        if compiler is None:
-            raise SandboxError(f"no C compiler to build {LAUNCHER}: install gcc, or run `make sandbox`")
-        LAUNCHER.parent.mkdir(parents=True, exist_ok=True)
-        partial = LAUNCHER.with_name(f".{LAUNCHER.name}.{os.getpid()}")
-        built = subprocess.run(
-            [compiler, "-O2", "-o", str(partial), str(_LAUNCHER_SOURCE)], capture_output=True, text=True
-        )
-        if built.returncode != 0:
-            raise SandboxError(f"building {LAUNCHER} failed: {built.stderr.strip()[-500:]}")
-        os.replace(partial, LAUNCHER)
+            _compile(_LAUNCHER_SOURCE, LAUNCHER, "`make sandbox`")
         _LAUNCHER_CHECKED.append(True)
         return LAUNCHER
+
+
+_FORWARDER_SOURCE = Path(__file__).with_name("launcher") / "evalsite-forward.c"
+_FORWARDERS: dict[Path, Path] = {}
+
+
+def forwarder(root: Path) -> Path:
+    """The model gateway's forwarder (`launcher/evalsite-forward.c`), built once per host into
+    `root` (the sandbox root, which every sandbox uid can reach; a checkout in a 0700 home is
+    not) under a name that changes with its source."""
+    with _LAUNCHER_LOCK:
+        if root not in _FORWARDERS:
+            digest = hashlib.sha256(_FORWARDER_SOURCE.read_bytes()).hexdigest()[:12]
+            target = root / "bin" / f"evalsite-forward-{digest}"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(target.parent, 0o711)
+                _compile(_FORWARDER_SOURCE, target, "gcc")
+                os.chmod(target, 0o755)
+            _FORWARDERS[root] = target
+        return _FORWARDERS[root]
+
+
+def _compile(source: Path, target: Path, alternative: str) -> None:
+    """Build a C program of the sandbox with the system's compiler (atomically: a concurrent
+    builder's file replaces ours or ours replaces it, never half of one)."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise SandboxError(f"no C compiler to build {target}: install {alternative}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    built = subprocess.run([compiler, "-O2", "-o", str(partial), str(source)], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SandboxError(f"building {target} failed: {built.stderr.strip()[-500:]}")
+    os.replace(partial, target)
 
 
 def run_process(
