@@ -36,19 +36,25 @@ class StampAgent(AgentKind):
 '''
 
 
-@pytest.fixture
-def plugin(tmp_path, monkeypatch) -> Path:
-    """A tiny installed distribution: a module and its .dist-info with the entry point, on
+def install(site: Path, monkeypatch, module: str, source: str, group: str, entry: str) -> Path:
+    """A tiny installed distribution: a module and its .dist-info with one entry point, on
     sys.path (importlib.metadata finds distributions there, as pip would have installed it)."""
-    site = tmp_path / "site"
-    (site / "evalsite_stamp_agent").mkdir(parents=True)
-    (site / "evalsite_stamp_agent" / "__init__.py").write_text(PLUGIN)
-    info = site / "evalsite_stamp_agent-1.0.dist-info"
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text(source)
+    info = site / f"{module}-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evalsite-stamp-agent\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[evalsite.agents]\nstamp = evalsite_stamp_agent:StampAgent\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
     monkeypatch.syspath_prepend(str(site))
     return site
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch) -> Path:
+    return install(
+        tmp_path / "site", monkeypatch, "evalsite_stamp_agent", PLUGIN, "evalsite.agents",
+        "stamp = evalsite_stamp_agent:StampAgent",
+    )  # fmt: skip
 
 
 def stamp_suite(folder: Path):
@@ -149,14 +155,10 @@ ECHO_AGENT = "cat > said.txt; cat said.txt | sed -n 's/^write the word //p' > wo
 
 
 def test_an_installed_answerer_plays_the_user_through_a_real_worker(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    (site / "evalsite_dictator").mkdir(parents=True)
-    (site / "evalsite_dictator" / "__init__.py").write_text(ANSWERER_PLUGIN)
-    info = site / "evalsite_dictator-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evalsite-dictator\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[evalsite.answerers]\ndictator = evalsite_dictator:Dictator\n")
-    monkeypatch.syspath_prepend(str(site))
+    site = install(
+        tmp_path / "site", monkeypatch, "evalsite_dictator", ANSWERER_PLUGIN, "evalsite.answerers",
+        "dictator = evalsite_dictator:Dictator",
+    )  # fmt: skip
     make_task(
         tmp_path,
         "dictated",
