@@ -112,8 +112,9 @@ class RoleClient:
             raise ModelCallError(f"the {self.role}'s model call failed: {exc}") from None
         finally:
             conn.close()
-        if response.status == 429 and self.gateway.stop_reason():
-            raise BudgetRefused(self.role, self.gateway.stop_reason() or "")
+        if response.status == 429 and (crossed := self.gateway.stop_reason()):
+            # The gateway counts calls as turns; a role's budget names them calls.
+            raise BudgetRefused(self.role, "max_calls" if crossed == "max_turns" else crossed)
         if response.status >= 400:
             text = raw[:500].decode("utf-8", errors="replace")
             raise ModelCallError(f"the {self.role}'s model server answered HTTP {response.status}: {text}")

@@ -165,6 +165,18 @@ def test_the_persona_answerer_plays_the_user_through_its_own_gateway_and_is_coun
     assert json.dumps(trial.trajectory).count(WORD) >= 2
 
 
+def test_the_answerers_budget_ends_the_conversation_and_the_trial_is_graded_and_flagged(tmp_path):
+    budgeted = PERSONA + "budgets:\n  answerer: {max_calls: 1}\n"  # the task's own key
+    trial, requests = run_conversation(tmp_path, budgeted)
+
+    # One answer (the file's name), then the refused call: the content never came, so it fails.
+    assert (trial.status, trial.budget_exceeded) == ("failed", "answerer.max_calls"), trial.error_message
+    persona_calls = [r for r in requests if "playing a human user" in str(r["body"].get("system") or "")]
+    assert len(persona_calls) == 1 and trial.role_usage["answerer"]["calls"] == 1
+    ended = TrialEvent.objects.get(trial=trial, kind="system", data__subtype="conversation_end").data
+    assert ended["reason"] == "answerer_budget"
+
+
 def test_the_trial_page_shows_the_conversation(tmp_path, client, admin_user):
     trial, _ = run_conversation(tmp_path, SCRIPTED)
     client.force_login(admin_user)
