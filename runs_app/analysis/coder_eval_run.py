@@ -134,8 +134,27 @@ def evaluation_result(trial: Trial) -> dict[str, Any]:
         "actual_commands": len(commands),
         "pre_run_results": [],
         "post_run_results": [],
-        "simulation": None,
+        "simulation": _simulation(trial, config),
         "early_stop": _early_stop(trial),
+    }
+
+
+def _simulation(trial: Trial, config: dict) -> dict[str, Any] | None:
+    """coder-eval's SimulationTelemetry of a simulated conversation (None for other trials)."""
+    simulation = config.get("simulation") or {}
+    if not simulation.get("enabled"):
+        return None
+    ending = (trial.trajectory or {}).get("conversation") or {}
+    answerer = (trial.role_usage or {}).get("answerer") or {}
+    return {
+        "n_trials": 1,
+        "replicate_index": trial.replicate,
+        "stop_reason": ending.get("reason"),
+        "simulator_input_tokens": answerer.get("input_tokens", 0),
+        "simulator_output_tokens": answerer.get("output_tokens", 0),
+        "simulator_failures": 1 if ending.get("reason") == "error" else 0,
+        "total_turns": ending.get("turns", 0),
+        "simulator_model": simulation.get("model"),
     }
 
 

@@ -367,6 +367,7 @@ class AgentPhase:
                 self.ex.account(client)
         self.ex.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
         self.ex.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
+        self.ex.conversation_end = {"reason": ending.reason, "turns": ending.turns}
         if failures:
             return failures[0]
         if ending.error:

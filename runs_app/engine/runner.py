@@ -134,6 +134,7 @@ class TrialExecution:
         # (answerer, judge); the agent's are the trial's own columns.
         self.role_usage: dict[str, dict] = {}
         self.dialog: list[dict] = []  # a simulated conversation, for the criteria
+        self.conversation_end: dict = {}  # how it ended: {"reason", "turns"}
         # The run's suite folder (hooks.suite), which every command of the trial reads.
         ready = trial.run.suite_status == Run.Suite.READY and trial.run.suite_dir
         self.suite_dir = Path(trial.run.suite_dir) if ready else None
@@ -410,6 +411,7 @@ class TrialExecution:
         outcome.trajectory = {"tool_calls": tool_calls, "final_text": agent.final_text[:FINAL_TEXT_CAP]}
         if self.dialog:
             outcome.trajectory["dialog"] = self.dialog
+            outcome.trajectory["conversation"] = self.conversation_end
         if outcome.stopped_early:
             result.passed = not result.error and early_stop.armed_gate_passed(
                 specs, result.criteria, early_stop.gate_threshold(self.config)

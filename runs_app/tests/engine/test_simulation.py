@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 
 from conftest import WorkerProcess, wait_for
+from runs_app.analysis.coder_eval_run import evaluation_result
 from runs_app.launching import launch_run
 from runs_app.models import Trial, TrialEvent
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
@@ -142,6 +143,13 @@ def test_claude_resumes_its_session_with_the_scripted_answers_and_passes_only_by
     assert [m["role"] for m in dialog] == ["task", "agent", "user", "agent", "user", "agent"]
     assert dialog[1]["text"] == ASK_NAME and dialog[-1]["text"] == DONE
     assert trial.role_usage == {}  # the scripted answerer calls no model
+    # A coder-eval run record says how the conversation went, as coder-eval's telemetry does.
+    telemetry = evaluation_result(trial)["simulation"]
+    assert (telemetry["stop_reason"], telemetry["total_turns"], telemetry["simulator_failures"]) == (
+        "stop_token",
+        3,
+        0,
+    )
 
 
 def test_the_persona_answerer_plays_the_user_through_its_own_gateway_and_is_counted_apart(tmp_path):
