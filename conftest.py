@@ -65,11 +65,12 @@ def _no_live_listener_outlives_its_test():
     yield
     from runs_app import live
     from runs_app.analysis import load
-    from runs_app.web import fragments
+    from runs_app.web import fragments, presenters
 
     if live._hub is not None:
         live._hub.stop()
     fragments.forget()  # run ids repeat across test databases
+    presenters.LISTS.clear()
     load.forget_comparisons()  # and so do (run id, tally version) pairs
 
 

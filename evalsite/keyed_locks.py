@@ -1,8 +1,12 @@
-"""One lock per key, for work that many threads ask for at once (a hundred live pages woken by the
-same change): the first computes, the others wait for it and then find its result (pure Python)."""
+"""Work that many threads ask for at once (a hundred live pages woken by the same change, a team's
+viewers of the same list): the first computes, the others wait for it and then find its result
+(pure Python)."""
 
 import threading
-from collections.abc import Hashable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
 
 
 class KeyedLocks:
@@ -22,3 +26,41 @@ class KeyedLocks:
                     self._locks.clear()
                 lock = self._locks[key] = threading.Lock()
             return lock
+
+
+class Recent:
+    """Results kept in this process for `seconds`, at most `size` of them (the oldest go first).
+    A key many threads ask for at once is computed by one of them; the others wait for it."""
+
+    def __init__(self, seconds: float, size: int = 256) -> None:
+        self.seconds, self.size = seconds, size
+        self._kept: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._computing = KeyedLocks()
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if (hit := self._hit(key)) is not None:
+            return hit[1]
+        with self._computing(key):
+            if (hit := self._hit(key)) is not None:
+                return hit[1]
+            at = time.monotonic()
+            value = compute()
+            with self._lock:
+                self._kept[key] = (at, value)
+                self._kept.move_to_end(key)
+                while len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def _hit(self, key: Hashable) -> tuple[float, Any] | None:
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is None or time.monotonic() - hit[0] >= self.seconds:
+                return None
+            self._kept.move_to_end(key)
+            return hit

@@ -12,13 +12,10 @@ builds its form (baseline and tag choices) between the two steps.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from evalsite.keyed_locks import KeyedLocks
+from evalsite.keyed_locks import Recent
 from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
 from runs_app.analysis.compare import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit, compare
@@ -142,33 +139,7 @@ def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, 
 # baseline): computed once per tally version and kept a minute in this process, so a hundred
 # viewers of one run, or reloads of a 100k-trial comparison (a second of statistics), cost one.
 MEMO_SECONDS = 60.0
-MEMO_SIZE = 16
-_memo: OrderedDict[tuple, tuple[float, Any]] = OrderedDict()
-_memo_lock = threading.Lock()
-_compute_locks = KeyedLocks()
-
-
-def _memoised(key: tuple, compute):
-    def kept():
-        with _memo_lock:
-            hit = _memo.get(key)
-            if hit is not None and time.monotonic() - hit[0] < MEMO_SECONDS:
-                _memo.move_to_end(key)
-                return hit
-        return None
-
-    if (hit := kept()) is not None:
-        return hit[1]
-    with _compute_locks(key):  # a hundred viewers of one change compute it once
-        if (hit := kept()) is not None:
-            return hit[1]
-        now = time.monotonic()
-        value = compute()
-        with _memo_lock:
-            _memo[key] = (now, value)
-            while len(_memo) > MEMO_SIZE:
-                _memo.popitem(last=False)
-    return value
+_memo = Recent(MEMO_SECONDS, size=16)
 
 
 def _state(runs: Sequence[Run]) -> tuple:
@@ -178,19 +149,18 @@ def _state(runs: Sequence[Run]) -> tuple:
 def loaded(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
     """`load(runs)`, computed once per state of the runs (see MEMO_SECONDS)."""
     rollup.ensure(runs)
-    return _memoised(("load", _state(runs), criteria), lambda: load(runs, criteria=criteria))
+    return _memo.get(("load", _state(runs), criteria), lambda: load(runs, criteria=criteria))
 
 
 def comparison(runs: Sequence[Run], *, criteria: bool = True, **options: Any) -> Comparison:
     """`compare(load(runs), **options)`, computed once per state of the runs and options."""
     rollup.ensure(runs)
     key = ("compare", _state(runs), criteria, tuple(sorted((k, repr(v)) for k, v in options.items())))
-    return _memoised(key, lambda: compare(loaded(runs, criteria=criteria), **options))
+    return _memo.get(key, lambda: compare(loaded(runs, criteria=criteria), **options))
 
 
 def forget_comparisons() -> None:
-    with _memo_lock:
-        _memo.clear()
+    _memo.clear()
 
 
 def compare_runs(runs: Sequence[Run], **options: Any) -> Comparison:

@@ -27,7 +27,7 @@ from runs_app.web.fragments import (
     live_parts,
     run_state,
 )
-from runs_app.web.presenters import attach_variant_counts
+from runs_app.web.presenters import LISTS, attach_variant_counts
 
 RUN_LIST_ROWS = 50
 
@@ -62,11 +62,13 @@ def get_run_for_user(request: HttpRequest, run_id: int) -> Run:
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    runs = attach_variant_counts(list(Run.objects.listed().running_first()[:15]))
-    experiments = with_last_run(Experiment.objects.all()).order_by(
-        F("last_run_created_at").desc(nulls_last=True), "slug"
-    )[:20]
-    return render(request, "runs/home.html", {"runs": runs, "experiments": experiments})
+    def lists() -> dict:
+        runs = attach_variant_counts(list(Run.objects.listed().running_first()[:15]))
+        latest = F("last_run_created_at").desc(nulls_last=True)
+        experiments = list(with_last_run(Experiment.objects.all()).order_by(latest, "slug")[:20])
+        return {"runs": runs, "experiments": experiments}
+
+    return render(request, "runs/home.html", LISTS.get("home", lists))
 
 
 @login_required
@@ -79,8 +81,14 @@ def run_list(request: HttpRequest) -> HttpResponse:
         runs = runs.filter(status=filters["status"])
     if filters.get("experiment"):
         runs = runs.filter(experiment__slug=filters["experiment"])
-    page = Paginator(runs.order_by("-created_at", "-pk"), RUN_LIST_ROWS).get_page(filters.get("page"))
-    page.object_list = attach_variant_counts(list(page.object_list))
+
+    def listed():
+        page = Paginator(runs.order_by("-created_at", "-pk"), RUN_LIST_ROWS).get_page(filters.get("page"))
+        page.object_list = attach_variant_counts(list(page.object_list))
+        page.has_other_pages()  # the runs counted now, once for everyone who looks within the second
+        return page
+
+    page = LISTS.get(("runs", *sorted((k, str(v)) for k, v in filters.items())), listed)
     query = urlencode({k: v for k, v in filters.items() if v and k != "page"})
     return render(request, "runs/run_list.html", {"form": form, "page": page, "query": query})
 
