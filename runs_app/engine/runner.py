@@ -387,6 +387,10 @@ class TrialExecution:
     def grade(self, outcome: Outcome) -> None:
         agent = self.agent
         tool_calls = criteria.graded_calls(agent.tool_calls)
+        if outcome.stopped_early and self.early_stop is not None:
+            # The agent was stopped at the deciding call; calls it printed while the stop was
+            # on its way never happened as far as the verdict goes.
+            tool_calls = tool_calls[: self.early_stop.tool_call_index]
         context = criteria.GradingContext(
             workspace=self.paths.workspace,
             tool_calls=tool_calls,

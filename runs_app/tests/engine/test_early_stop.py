@@ -108,8 +108,8 @@ def test_an_early_stopped_trial_gates_on_the_armed_criteria_only():
 # ---------------------------------------------------------------- through a real worker
 
 
-def _agent(lines: list[dict], then: str = "sleep 8; echo late > out.txt") -> str:
-    script = "; ".join(f"echo {json.dumps(json.dumps(line))}; sleep 0.2" for line in lines)
+def _agent(lines: list[dict], then: str, pause: str = "; sleep 0.2") -> str:
+    script = "; ".join(f"echo {json.dumps(json.dumps(line))}{pause}" for line in lines)
     return f"{script}; {then}"
 
 
@@ -160,7 +160,9 @@ def test_armed_criteria_and_max_tool_calls_stop_real_agents_at_the_deciding_call
 
     for slug, (criteria, limits, lines) in CASES.items():
         then = "sleep 1; echo late > out.txt" if slug == "disarmed" else "sleep 8; echo late > out.txt"
-        agent = json.dumps(_agent(lines, then))
+        # "undecided" prints its calls at once: the call after the deciding one reaches the
+        # watcher before the stop does, and must not turn the verdict
+        agent = json.dumps(_agent(lines, then, "" if slug == "undecided" else "; sleep 0.2"))
         make_task(
             tmp_path,
             slug,
