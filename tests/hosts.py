@@ -125,7 +125,8 @@ class NetnsHost:
         _ip(*inside, "route", "add", "default", "via", self.gateway)
         for sub in ("var", "sbx", "media"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        for folder in (self.root.parent, self.root, self.root / "sbx"):  # sandbox uids pass
+        # Sandbox uids pass through every folder down to a trial's (made 0700 by a umask of 077)
+        for folder in (HOSTS_ROOT, self.root.parent, self.root, self.root / "sbx"):
             os.chmod(folder, 0o711)
         return self
 

@@ -95,7 +95,13 @@ def test_two_hosts_run_one_run_and_a_cut_host_loses_its_trials_to_the_other(tmp_
         return set(Trial.objects.filter(run=run, status="running", host=name).values_list("pk", flat=True))
 
     def logs():
-        return "\n".join(f"--- {name}:\n{worker.log()[-3000:]}" for name, worker in workers.items())
+        errors = Trial.objects.filter(run=run, status="error").values_list("host", "error_message")[:3]
+        return "\n".join(
+            [
+                f"errors: {list(errors)}",
+                *(f"--- {name}:\n{worker.log()[-3000:]}" for name, worker in workers.items()),
+            ]
+        )
 
     wait_for(
         # Host A has stored a result and runs more: cut it there.
