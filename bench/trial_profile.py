@@ -4,7 +4,8 @@ The task is side-by-side.sh's (agent none, one `pre_run: true`, one file check).
 per trial and the median time of its one sandboxed command; with --profile, cProfile's top
 functions by cumulative time.
 
-Usage: .venv/bin/python bench/trial_profile.py [N] [--profile]
+Usage: .venv/bin/python bench/trial_profile.py [N] [--tasks] [--profile]
+--tasks: N distinct tasks run once each (as side-by-side.sh runs them) instead of one task N times.
 Embedded default (scratch SQLite) unless DATABASE_URL is set (then a scratch database).
 """
 
@@ -56,12 +57,15 @@ def main() -> None:
     from runs_app.models import Run
 
     call_command("migrate", verbosity=0)
-    (tmp_path / "suite" / "tasks" / "trivial").mkdir(parents=True)
-    (tmp_path / "suite" / "tasks" / "trivial" / "task.yaml").write_text(TASK)
+    distinct = "--tasks" in sys.argv
+    for index in range(n if distinct else 1):
+        folder = tmp_path / "suite" / "tasks" / f"t{index:05}"
+        folder.mkdir(parents=True)
+        (folder / "task.yaml").write_text(TASK.replace("task_id: trivial", f"task_id: t{index:05}"))
     (tmp_path / "suite" / "exp.yaml").write_text(EXPERIMENT)
     import_tasks([tmp_path / "suite" / "tasks"])
     experiment = import_experiment(tmp_path / "suite" / "exp.yaml").experiment
-    run = launch_run(experiment, options=LaunchOptions(repeats=n, max_parallel=1, task_slugs=["trivial"]))
+    run = launch_run(experiment, options=LaunchOptions(repeats=1 if distinct else n, max_parallel=1))
 
     command_seconds = []
     run_process = sandbox.run_process
