@@ -390,22 +390,27 @@ def favor_dynamic_migrations() -> bool:
     is one for all hierarchies, so remounting the v2 one helps v1 cgroups too. Needs root in the
     host's mount namespace; where the remount is refused (a container, an older kernel) nothing
     changes but the wait."""
-    mount = _cgroup2_mount()
-    if mount is None:
-        return False
-    target, options = mount
-    if "favordynmods" in options:
-        return True
-    # util-linux's mount keeps the mount's other options (nsdelegate, nosuid...) on remount.
-    done = subprocess.run(
-        ["mount", "-o", "remount,favordynmods", target], capture_output=True, text=True, check=False
-    )
-    favored = done.returncode == 0 and "favordynmods" in (_cgroup2_mount() or ("", set()))[1]
+    try:
+        mount = _cgroup2_mount()
+        if mount is None:
+            return False
+        target, options = mount
+        if "favordynmods" in options:
+            return True
+        # util-linux's mount keeps the mount's other options (nsdelegate, nosuid...) on remount.
+        done = subprocess.run(
+            ["mount", "-o", "remount,favordynmods", target], capture_output=True, text=True, check=False
+        )
+        favored = done.returncode == 0 and "favordynmods" in (_cgroup2_mount() or ("", set()))[1]
+        why = done.stderr.strip() or f"exit {done.returncode}"
+    except OSError as exc:  # no mount(8), no /proc: the sandbox works all the same
+        favored, target, why = False, "cgroup2", str(exc)
     if not favored:
         logger.info(
             "cgroup moves wait for an RCU grace period here (remounting %s with favordynmods: %s)",
-            target, done.stderr.strip() or f"exit {done.returncode}",
-        )  # fmt: skip
+            target,
+            why,
+        )
     return favored
 
 

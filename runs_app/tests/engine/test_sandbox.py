@@ -542,3 +542,10 @@ def test_a_root_worker_makes_cgroup_moves_wait_for_no_grace_period():
     assert containment.favor_dynamic_migrations()
     after = containment._cgroup2_mount()[1]
     assert "favordynmods" in after and options - {"favordynmods"} <= after  # the others kept
+
+
+def test_a_host_without_mount_8_still_runs_sandboxes(monkeypatch):
+    """Favouring cgroup moves is an optimisation: its failure never stops a command."""
+    monkeypatch.setattr(containment, "_cgroup2_mount", lambda: ("/sys/fs/cgroup", {"rw"}))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert containment.favor_dynamic_migrations() is False
