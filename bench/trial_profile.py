@@ -39,8 +39,11 @@ EXPERIMENT = "experiment_id: profile\nmax_parallel: 1\nvariants:\n  - variant_id
 
 
 def main() -> None:
-    n = int(next((a for a in sys.argv[1:] if a.isdigit()), "300"))
-    tmp_path = Path(tempfile.mkdtemp(prefix="evalsite-profile-"))
+    with tempfile.TemporaryDirectory(prefix="evalsite-profile-") as tmp:
+        profile_trials(int(next((a for a in sys.argv[1:] if a.isdigit()), "300")), Path(tmp))
+
+
+def profile_trials(n: int, tmp_path: Path) -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["SQLITE_PATH"] = str(tmp_path / "bench.sqlite3")
     os.environ.setdefault("BROKER_DIR", str(tmp_path / "broker"))
