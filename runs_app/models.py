@@ -8,12 +8,9 @@ from experiments_app.models import Experiment, TaskVersion, Variant
 
 
 class RunQuerySet(models.QuerySet):
-    # Large columns the run lists never show.
-    HEAVY_FIELDS = ("config", "suite_results", "gates", "gate_results")
-
     def listed(self):
         """Runs as the lists show them: with their experiment, without the large columns."""
-        return self.select_related("experiment").defer(*self.HEAVY_FIELDS)
+        return self.select_related("experiment").defer(*self.model.BULKY_FIELDS)
 
     def running_first(self):
         """Queued and running runs first, then the others, newest first within each group."""
@@ -116,7 +113,7 @@ class Run(models.Model):
             models.Index(fields=["experiment", "-created_at"], name="run_experiment_created_idx"),
         ]
 
-    # JSON a run's control (counting, dispatching, finishing) never reads: left unloaded there.
+    # JSON the run lists and a run's control (counting, dispatching) never read: left unloaded.
     BULKY_FIELDS = ("config", "overrides", "suite_results", "gates", "gate_results", "suite_log")
 
     def __str__(self) -> str:
