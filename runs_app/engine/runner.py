@@ -274,8 +274,8 @@ class TrialExecution:
     def _provide_venv(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
         workspace, with system site packages, first on the PATH of run_command criteria (not of
-        pre_run, post_run or the agent, as in coder-eval 0.12.16). It is a copy of one template venv per
-        host (a venv of symlinks and a pyvenv.cfg: about a millisecond), not a new venv. The
+        pre_run, post_run or the agent, as in coder-eval 0.12.16). It is made like one template venv per
+        host (a venv of symlinks and a pyvenv.cfg, from its listing), not by `python -m venv`. The
         `env_packages` of `sandbox.python` and `sandbox.node` come from environments built on
         the host once per requirement set and mounted read-only (`environments`)."""
         self.venv_env: dict[str, str] = {}
@@ -307,13 +307,12 @@ class TrialExecution:
         if python is not None:
             target = self.paths.workspace / VENV_DIRNAME
             if not target.exists():
-                shutil.copytree(environments.venv_template(root), target, symlinks=True)
+                environments.new_venv(root, target, owner=self.paths.uid)
                 if python_env:
                     self.env_mounts.append(sandbox.Mount(python_env))
                     environments.link_python_packages(target, python_env)
-                if self.paths.uid is not None:
-                    os.chown(target, self.paths.uid, self.paths.uid)
-                    workspace.chown_tree(target, self.paths.uid, self.paths.uid)
+                    if self.paths.uid is not None:
+                        workspace.chown_tree(target, self.paths.uid, self.paths.uid)
             path.insert(0, str(target / "bin"))
             self.venv_env["VIRTUAL_ENV"] = str(target)
         if len(path) > 1:

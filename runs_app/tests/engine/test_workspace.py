@@ -374,3 +374,47 @@ def test_it_packs_the_workspace_into_a_tarball(tmp_path):
         assert tar.getnames() == ["workspace", "workspace/link", "workspace/src", "workspace/src/a.py"]
         assert tar.extractfile("workspace/src/a.py").read() == b"a = 1\n"
         assert tar.getmember("workspace/link").issym()
+
+
+def _tree(root: Path) -> dict[str, tuple]:
+    """Every entry under root: its kind, mode, owner and link target or content."""
+    entries = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            info = path.lstat()
+            if path.is_symlink():
+                what = ("link", os.readlink(path))
+            elif path.is_dir():
+                what = ("dir", oct(info.st_mode & 0o7777))
+            else:
+                what = ("file", oct(info.st_mode & 0o7777), path.read_bytes())
+            entries[str(path.relative_to(root))] = (*what, info.st_uid)
+    return entries
+
+
+def test_a_trials_venv_is_the_hosts_template_made_afresh_naming_its_own_path(base):
+    from runs_app.engine import environments
+
+    template = environments.venv_template(base)
+    owner = 65000 if IS_ROOT else os.geteuid()
+    target = base / "trial" / "workspace" / ".venv"
+    target.parent.mkdir(parents=True)
+
+    environments.new_venv(base, target, owner=owner)
+
+    made, expected = _tree(target), _tree(template)
+    assert made.keys() == expected.keys() and "bin/python" in made
+    for relative, entry in made.items():
+        assert entry[-1] == owner, relative
+        if entry[0] == "file":  # the activate scripts name the trial's venv, not the template
+            assert entry[2] == expected[relative][2].replace(bytes(template), bytes(target)), relative
+        else:
+            assert entry[:2] == expected[relative][:2], relative
+    assert bytes(target) in (target / "bin" / "activate").read_bytes()
+    assert bytes(template) not in (target / "bin" / "activate").read_bytes()
+    # The venv works: its python runs with the venv as its prefix.
+    prefix = subprocess.run(
+        [target / "bin" / "python", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True
+    )
+    assert prefix.stdout.strip() == str(target)
