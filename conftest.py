@@ -33,6 +33,8 @@ def pytest_configure(config):
         digest = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:10]
         os.environ["SANDBOX_ROOT"] = f"/var/tmp/evalsite-test-sandboxes-{digest}"
         settings.SANDBOX_ROOT = Path(os.environ["SANDBOX_ROOT"])
+        if "TRIAL_ROOT" not in os.environ:
+            settings.TRIAL_ROOT = settings.SANDBOX_ROOT
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("sqlite3"):
         scratch.mkdir(parents=True, exist_ok=True)

@@ -405,6 +405,11 @@ EXAMPLES_DIR = BASE_DIR / "examples"
 # Per-trial sandbox folders (workspace, HOME, /tmp), outside the checkout: every parent must be
 # searchable by other users (a root worker's sandbox uid), the folder itself lists to nobody.
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/evalsite-sandboxes"))
+# Where the per-trial and per-suite folders go, if not under SANDBOX_ROOT (which keeps the host's
+# staged runtimes and env_packages environments). A tmpfs here makes a trial's folders cost no
+# disk journal: on a VM disk with online discard, making and removing them took ~7 ms a trial.
+# Files there are memory (docs/deploy.md).
+TRIAL_ROOT = Path(env_str("TRIAL_ROOT", "") or SANDBOX_ROOT)
 # Task bundles a worker host has fetched from the database, one file per digest.
 BUNDLE_CACHE_DIR = Path(env_str("BUNDLE_CACHE_DIR", str(VAR_DIR / "bundles")))
 # Memory of one sandboxed command's whole process tree (cgroup), unless sandbox.limits says.

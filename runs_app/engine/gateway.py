@@ -614,5 +614,5 @@ def socket_path_for(root: Path) -> Path:
     """The gateway's socket for a trial folder (unix socket paths are limited to 107 bytes)."""
     path = root / "gateway.sock"
     if len(os.fsencode(path)) > 100:
-        raise ValueError(f"the trial folder {root} is too deep for a unix socket: shorten SANDBOX_ROOT")
+        raise ValueError(f"the trial folder {root} is too deep for a unix socket: shorten TRIAL_ROOT")
     return path

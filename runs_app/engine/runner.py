@@ -251,9 +251,9 @@ class TrialExecution:
     def prepare(self) -> None:
         """The trial's sandbox folders and its task (and experiment) bundle."""
         token = uuid.uuid4().hex[:8]
-        root = Path(settings.SANDBOX_ROOT) / f"trial-{self.trial.pk}-a{self.trial.attempt}-{token}"
-        Path(settings.SANDBOX_ROOT).mkdir(parents=True, exist_ok=True)
-        os.chmod(settings.SANDBOX_ROOT, 0o711)
+        root = Path(settings.TRIAL_ROOT) / f"trial-{self.trial.pk}-a{self.trial.attempt}-{token}"
+        Path(settings.TRIAL_ROOT).mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.TRIAL_ROOT, 0o711)
         self.root = root
         self.paths = workspace.layout(root)
         version = self.trial.task_version
@@ -651,7 +651,7 @@ def sweep_sandboxes() -> int:
     """Remove the sandbox folders of trials no worker runs any more (a killed worker leaves its
     trials' folders behind), and of suites no worker holds: at worker start. Returns how many
     were removed."""
-    root = Path(settings.SANDBOX_ROOT)
+    root = Path(settings.TRIAL_ROOT)
     if not root.is_dir():
         return 0
     now = timezone.now()

@@ -151,8 +151,8 @@ class SuiteHolder(threading.Thread):
         """The suite's folder: the experiment's files (its YAML's folder) in its workspace, which
         every trial of the run may read."""
         token = uuid.uuid4().hex[:8]
-        root = Path(settings.SANDBOX_ROOT) / f"suite-{run.pk}-a{run.suite_attempt}-{token}"
-        Path(settings.SANDBOX_ROOT).mkdir(parents=True, exist_ok=True)
+        root = Path(settings.TRIAL_ROOT) / f"suite-{run.pk}-a{run.suite_attempt}-{token}"
+        Path(settings.TRIAL_ROOT).mkdir(parents=True, exist_ok=True)
         paths = workspace.layout(root)
         experiment = (run.config or {}).get("experiment") or {}
         if experiment.get("bundle"):

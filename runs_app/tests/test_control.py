@@ -195,12 +195,14 @@ def test_a_finishing_run_is_summarised_with_its_row_lock_released(run, monkeypat
     assert run.gate_results[0]["passed"]
 
 
-def test_a_starting_worker_sweeps_the_sandboxes_of_trials_nobody_runs(run, settings, tmp_path):
+@pytest.mark.parametrize("own_trial_root", [False, True])
+def test_a_starting_worker_sweeps_the_trial_folders_nobody_runs(run, settings, tmp_path, own_trial_root):
     settings.SANDBOX_ROOT = tmp_path
+    trials = settings.TRIAL_ROOT = tmp_path / "trials" if own_trial_root else tmp_path
     live, dead = Trial.objects.filter(run=run)[:2]
     assert runner.claim(live.pk, "this-host")  # running, with a fresh lease
-    kept = tmp_path / f"trial-{live.pk}-a1-aaaa1111"
-    gone = [tmp_path / f"trial-{dead.pk}-a1-bbbb2222", tmp_path / "trial-999999-a3-cccc3333"]
+    kept = trials / f"trial-{live.pk}-a1-aaaa1111"
+    gone = [trials / f"trial-{dead.pk}-a1-bbbb2222", trials / "trial-999999-a3-cccc3333"]
     for folder in [kept, *gone]:
         (folder / "workspace").mkdir(parents=True)
     (tmp_path / "runtimes").mkdir()

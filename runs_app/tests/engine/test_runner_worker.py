@@ -2,7 +2,9 @@
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -561,3 +563,23 @@ def test_a_run_whose_trials_all_hit_one_setup_error_stops_and_says_why(tmp_path)
     assert counts["cancelled"] >= 12 - settings.FAIL_FAST_AFTER - 1  # the rest never ran
     assert "ended in the same error before any trial was graded" in run.stop_reason
     assert "OPENAI_API_KEY" in run.stop_reason
+
+
+def test_trials_get_their_folders_under_trial_root_when_it_is_set(tmp_path):
+    # A tmpfs where the host has one (what TRIAL_ROOT is for); the host's runtimes and
+    # environments stay under SANDBOX_ROOT.
+    parent = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/var/tmp")
+    trial_root = Path(tempfile.mkdtemp(prefix="evalsite-test-trials-", dir=parent))
+    os.chmod(trial_root, 0o711)
+    experiment = small_suite(tmp_path, 2, "pwd; echo done > out.txt", parallel=2)
+    worker = WorkerProcess(tmp_path, extra_env={"TRIAL_ROOT": str(trial_root)}).start()
+    try:
+        run = wait_for_run(launch_run(experiment), timeout=60, worker=worker)
+        for trial in Trial.objects.filter(run=run):
+            assert trial.status == "passed", (trial.error_message, trial.agent_stderr)
+            assert trial.agent_stdout.startswith(f"{trial_root}/trial-{trial.pk}-a1-"), trial.agent_stdout
+            assert not list(Path(settings.SANDBOX_ROOT).glob(f"trial-{trial.pk}-*"))
+        assert not list(trial_root.iterdir())  # each trial's folder went with it
+    finally:
+        worker.kill()
+        shutil.rmtree(trial_root, ignore_errors=True)
