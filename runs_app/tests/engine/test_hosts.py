@@ -65,6 +65,36 @@ def test_a_claim_refuses_a_trial_of_another_code_version_unless_its_run_accepts_
 
 
 @pytest.mark.django_db
+def test_a_claim_takes_only_a_queued_trial_of_a_live_run_whose_suite_is_up_here(tmp_path, settings):
+    settings.WORKER_HOST = "host-a"
+    experiment = small_suite(tmp_path, 1, "true", repeats=2)
+    run = launch_run(experiment)
+    first, second = run.trials.order_by("pk")
+    runs = type(run).objects.filter(pk=run.pk)
+
+    runs.update(cancel_requested=True)
+    assert not runner.claim(first.pk, "w@a:1")
+    runs.update(cancel_requested=False, suite_status="pending")
+    assert not runner.claim(first.pk, "w@a:1")
+    runs.update(suite_status="ready", suite_host="host-b")
+    assert not runner.claim(first.pk, "w@a:1")
+    runs.update(suite_host="host-a")
+    before = timezone.now()
+    assert runner.claim(first.pk, "w@a:1")
+    assert not runner.claim(first.pk, "w@a:2")  # taken: another claim finds no queued row
+
+    first.refresh_from_db()
+    assert (first.status, first.lease_owner, first.host) == ("running", "w@a:1", "host-a")
+    assert before <= first.started_at <= timezone.now() < first.lease_expires_at
+    run.refresh_from_db()
+    assert (run.n_running, run.n_queued) == (1, 1)
+    runs.update(n_queued=0)  # a count that drifted low stays at zero
+    assert runner.claim(second.pk, "w@a:1")
+    run.refresh_from_db()
+    assert (run.n_running, run.n_queued) == (2, 0)
+
+
+@pytest.mark.django_db
 def test_a_host_fetches_a_bundle_from_the_database_once(tmp_path, settings, django_assert_num_queries):
     settings.BUNDLE_CACHE_DIR = tmp_path / "bundles"
     blob = b"not really a bundle, but immutable bytes"
