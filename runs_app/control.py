@@ -19,8 +19,8 @@ from functools import partial
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db import connection, transaction
+from django.db.models import Count, F
 from django.db.models.functions import Substr
 from django.utils import timezone
 
@@ -94,6 +94,19 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
         return _dispatch_locked(run, reserve)
 
 
+# Every trial's end fills its slot: these are written out, as the claim is (runner.py). The
+# current attempts of the run (`is_latest IN (true)`, see TrialQuerySet.current) that hold a
+# slot, and the next ones to send, in order.
+_OCCUPIED = """
+    SELECT COUNT(*) FROM runs_app_trial
+    WHERE run_id = %s AND is_latest IN (%s)
+      AND (status = %s OR (status = %s AND dispatched_at IS NOT NULL))"""
+_UNDISPATCHED = """
+    SELECT id FROM runs_app_trial
+    WHERE run_id = %s AND is_latest IN (%s) AND status = %s AND dispatched_at IS NULL
+    ORDER BY replicate, id LIMIT %s"""
+
+
 def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     """dispatch() for a run whose row the current transaction has locked."""
     if run.cancel_requested or run.is_final or run.historical:
@@ -105,19 +118,18 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
         return None
     if run.suite_status in (Run.Suite.SETTING_UP, Run.Suite.FAILED):
         return None
-    current = Trial.objects.for_run(run).current()
-    occupied = current.filter(
-        Q(status=Trial.Status.RUNNING) | Q(status=Trial.Status.QUEUED, dispatched_at__isnull=False)
-    ).count()
-    free = run.max_parallel - occupied
-    if free <= 0:
-        return None
-    ids = list(
-        current.filter(status=Trial.Status.QUEUED, dispatched_at__isnull=True)
-        .order_by("replicate", "pk")
-        .values_list("pk", flat=True)[:free]
-    )
-    Trial.objects.filter(pk__in=ids).update(dispatched_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(_OCCUPIED, [run.pk, True, Trial.Status.RUNNING, Trial.Status.QUEUED])
+        free = run.max_parallel - cursor.fetchone()[0]
+        if free <= 0:
+            return None
+        cursor.execute(_UNDISPATCHED, [run.pk, True, Trial.Status.QUEUED, free])
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(
+                f"UPDATE runs_app_trial SET dispatched_at = %s WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                [connection.ops.adapt_datetimefield_value(timezone.now()), *ids],
+            )
     reserved = ids.pop(0) if reserve and ids else None
     queue = trial_queue_of(run)
     for trial_id in ids:
