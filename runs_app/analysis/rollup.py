@@ -41,42 +41,66 @@ def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) ->
     """Count a trial that went from running to its final state: its unit's tally and the run's
     counts. The caller stored the outcome in this transaction and holds the run's row lock."""
     if run.tallied:  # else it is rolled up whole when first read (see ensure)
-        unit = {"run_id": run.pk, **{field: getattr(trial, field) for field in UNIT_FIELDS}}
-        tally = UnitTally.objects.filter(**unit).first()
-        if tally is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, criteria FROM runs_app_unittally "
+                "WHERE run_id = %s AND variant_id = %s AND task_version_id = %s AND dataset_row_id = %s",
+                [run.pk, trial.variant_id, trial.task_version_id, trial.dataset_row_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
             store(run, [trial.pk])
         else:
-            _add(tally, trial, criteria)
+            counts = UnitTally._meta.get_field("criteria").from_db_value(row[1], None, connection)
+            _add(row[0], counts, trial, criteria)
     _count_finished(run, trial.status)
 
 
-def _add(tally: UnitTally, trial: Trial, criteria: Sequence[CriterionResult]) -> None:
-    """The trial's share of `grouped_trials` and `grouped_criteria` (same rules, one trial)."""
+# What one finished trial adds to its unit's tally (the other columns describe the unit).
+ADDED_FIELDS = (
+    "passed", "failed", "errors", "agent_errors", "cancelled", "tokens", "cost", "answerer_cost",
+    "judge_cost", "score_sum", "score_n", "duration_sum", "duration_n",
+)  # fmt: skip
+
+
+def _add(tally_id: int, counts: dict, trial: Trial, criteria: Sequence[CriterionResult]) -> None:
+    """Add the trial's share of `grouped_trials` and `grouped_criteria` (same rules, one trial) to
+    its tally row: one written-out UPDATE (the ORM's read and save cost 1.7 ms a trial)."""
     status = trial.status
-    tally.passed += status == Trial.Status.PASSED
-    tally.failed += status == Trial.Status.FAILED
-    tally.errors += status == Trial.Status.ERROR
-    tally.agent_errors += status == Trial.Status.ERROR and trial.error_category in AGENT_ERROR_CATEGORIES
-    tally.cancelled += status == Trial.Status.CANCELLED
-    tally.tokens += (
+    share = dict.fromkeys(ADDED_FIELDS, 0)
+    share["passed"] = int(status == Trial.Status.PASSED)
+    share["failed"] = int(status == Trial.Status.FAILED)
+    share["errors"] = int(status == Trial.Status.ERROR)
+    share["agent_errors"] = int(
+        status == Trial.Status.ERROR and trial.error_category in AGENT_ERROR_CATEGORIES
+    )
+    share["cancelled"] = int(status == Trial.Status.CANCELLED)
+    share["tokens"] = (
         trial.input_tokens + trial.output_tokens + trial.cache_read_tokens + trial.cache_creation_tokens
     )
-    tally.cost += trial.cost_usd or 0.0
-    tally.answerer_cost += trial.answerer_cost_usd or 0.0
-    tally.judge_cost += trial.judge_cost_usd or 0.0
+    share["cost"] = trial.cost_usd or 0.0
+    share["answerer_cost"] = trial.answerer_cost_usd or 0.0
+    share["judge_cost"] = trial.judge_cost_usd or 0.0
     if status in (Trial.Status.PASSED, Trial.Status.FAILED):
         if trial.score is not None:
-            tally.score_sum, tally.score_n = tally.score_sum + trial.score, tally.score_n + 1
+            share["score_sum"], share["score_n"] = trial.score, 1
         if trial.duration_seconds is not None:
-            tally.duration_sum += trial.duration_seconds
-            tally.duration_n += 1
-        counts = dict(tally.criteria)
+            share["duration_sum"], share["duration_n"] = trial.duration_seconds, 1
+        counts = dict(counts)
         for result in criteria:
             name = f"#{result.index + 1} {result.type}"
             passes, n = counts.get(name, (0, 0))
             counts[name] = [passes + bool(result.passed), n + 1]
-        tally.criteria = counts
-    tally.save()
+    added = ", ".join(f"{name} = {name} + %s" for name in ADDED_FIELDS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE runs_app_unittally SET {added}, criteria = %s WHERE id = %s",
+            [
+                *share.values(),
+                UnitTally._meta.get_field("criteria").get_db_prep_save(counts, connection),
+                tally_id,
+            ],
+        )
 
 
 def _count_finished(run: Run, status: str) -> None:
