@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from runs_app import live
+from runs_app import live, written
 from runs_app.engine import sandbox
 from runs_app.engine.leases import Heartbeat, release_connection
 from runs_app.models import Trial, TrialEvent
@@ -82,7 +82,7 @@ class Recorder:
                 if not fenced and not self._lease_held():
                     self.buffer = []
                     return False
-                TrialEvent.objects.bulk_create(self.buffer)
+                written.insert(TrialEvent, self.buffer, ("trial", "seq", "at", "kind", "data"))
                 if self.run_id is not None:  # the trial page streams its transcript
                     live.publish(self.run_id, self.trial_id)
             self.buffer = []
@@ -95,11 +95,16 @@ class Recorder:
         (the reaper's re-queue waits for them, or they wait for it and are not written)."""
         if self.lease is None:
             return True
-        held = Trial.objects.select_for_update().filter(
-            pk=self.trial_id, status=Trial.Status.RUNNING, lease_owner=self.lease.worker
-        )
-        if list(held.values_list("pk", flat=True)):
-            return True
+        # Written out (see runs_app.written): SQLite has no FOR UPDATE, and needs none (its write
+        # transaction holds the whole database).
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM runs_app_trial WHERE id = %s AND status = %s AND lease_owner = %s{lock}",
+                [self.trial_id, Trial.Status.RUNNING, self.lease.worker],
+            )
+            if cursor.fetchone():
+                return True
         logger.warning("trial %s: lease lost; events from %s not kept", self.trial_id, self.lease.worker)
         self.lease.lease_lost.set()
         return False

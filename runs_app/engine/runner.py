@@ -34,7 +34,7 @@ from django.utils import timezone
 from evalsite.versioning import code_version
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.bundles import extract_bundle
-from runs_app import live
+from runs_app import live, written
 from runs_app.engine import (
     criteria,
     environments,
@@ -614,9 +614,10 @@ class TrialExecution:
             # a recount (cancel, resume...), which holds this lock too.
             # Its frozen config (every task's digest) is not read here: a few KB of JSON a trial.
             run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=self.trial.run_id)
-            stored = Trial.objects.filter(
-                pk=self.trial.pk, status=Trial.Status.RUNNING, lease_owner=self.worker
-            ).update(**fields)
+            stored = written.update(
+                Trial, fields, "id = %s AND status = %s AND lease_owner = %s",
+                [self.trial.pk, Trial.Status.RUNNING, self.worker],
+            )  # fmt: skip
             if stored != 1:
                 logger.warning("trial %s: lease lost before saving; another attempt owns it", self.trial.pk)
                 return False
