@@ -62,7 +62,12 @@ class Recorder:
         self.buffer.append(
             TrialEvent(trial_id=self.trial_id, seq=self.seq, at=timezone.now(), kind=kind, data=data)
         )
-        if time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
+        self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """Write what waited FLUSH_EVERY_SECONDS since the last write (also called while a
+        command runs, so a long step shows on the trial page without a write per event)."""
+        if self.buffer and time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
             self.flush()
 
     def phase(self, name: str, flush: bool = False, **data: Any) -> None:

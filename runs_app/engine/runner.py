@@ -154,7 +154,10 @@ class TrialExecution:
         self.heartbeat.start()
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        self.recorder.phase("setup", flush=True, worker=self.worker, attempt=self.trial.attempt)
+        # Not written at once: the claim showed the trial running, and a trial's first write
+        # cost a transaction of its own. A setup that takes a while is written while its
+        # commands run (`_waiting`), a quick one with what follows.
+        self.recorder.phase("setup", worker=self.worker, attempt=self.trial.attempt)
         try:
             self.setup()
         except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError) as exc:
@@ -482,7 +485,7 @@ class TrialExecution:
             if self.paths.uid is not None:
                 os.chown(via.socket_path, self.paths.uid, self.paths.uid)
             extra = {**via.sandbox_env(), **extra}
-        options.setdefault("should_stop", self.heartbeat.stop_reason)
+        options.setdefault("should_stop", self._waiting)
         release_connection()
         return sandbox.run_process(
             argv,
@@ -494,6 +497,12 @@ class TrialExecution:
             stage_root=Path(settings.SANDBOX_ROOT) / "runtimes",
             **options,
         )
+
+    def _waiting(self) -> str | None:
+        """Polled while a command runs: the events that waited long enough are written, and a
+        cancel or a lost lease stops the command."""
+        self.recorder.flush_if_due()
+        return self.heartbeat.stop_reason()
 
     def _git(self, argv: list[str], timeout: float, host: str) -> tuple[int, str, bool]:
         """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT

@@ -583,3 +583,36 @@ def test_trials_get_their_folders_under_trial_root_when_it_is_set(tmp_path):
     finally:
         worker.kill()
         shutil.rmtree(trial_root, ignore_errors=True)
+
+
+def test_a_long_setup_shows_on_the_trial_page_while_it_runs(tmp_path, celery_worker_process):
+    # A quick setup is written with what follows it; a slow one while its commands run.
+    make_task(
+        tmp_path,
+        "slow-setup",
+        "task_id: slow-setup\ninitial_prompt: go\n"
+        "pre_run:\n  - {command: 'sleep 4', timeout: 30}\n"
+        "success_criteria:\n  - {type: file_exists, path: out.txt}\n",
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: slow-setup\nvariants:\n  - variant_id: v\n"
+        '    agent: {type: command, command: "echo done > out.txt"}\n',
+    )
+    run = launch_run(experiment)
+
+    setup = wait_for(
+        lambda: TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="setup").first(),
+        timeout=60,
+        message=lambda: f"the setup event; log:\n{_log(celery_worker_process)}",
+    )
+    # Written during the 4 s pre_run: the agent's phase, written at once, is not there yet.
+    assert not TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="agent").exists()
+    assert Trial.objects.get(run=run).status == "running"
+    assert setup.data["worker"] and setup.data["attempt"] == 1
+    wait_for_run(run, timeout=60, worker=celery_worker_process)
+    trial = Trial.objects.get(run=run)
+    assert trial.status == "passed", trial.error_message
+    phases = list(TrialEvent.objects.filter(trial=trial, kind="phase").values_list("data__phase", flat=True))
+    assert phases[:2] == ["setup", "pre_run"] and phases[-1] == "finished"
