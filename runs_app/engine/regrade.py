@@ -38,6 +38,9 @@ class KeptEvents:
     def flush(self) -> None:
         pass
 
+    def flush_if_due(self) -> None:
+        pass
+
 
 def regrade(
     trial: Trial, success_criteria: list[dict], artifact: bytes | None
