@@ -25,7 +25,7 @@ from django.db.models.functions import Substr
 from django.utils import timezone
 
 from evalsite.versioning import host_queue, trial_queue
-from runs_app import live
+from runs_app import live, written
 from runs_app.analysis import gates, rollup
 from runs_app.analysis.load import run_facts
 from runs_app.engine import runner, suite_hooks
@@ -125,11 +125,10 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
             return None
         cursor.execute(_UNDISPATCHED, [run.pk, True, Trial.Status.QUEUED, free])
         ids = [row[0] for row in cursor.fetchall()]
-        if ids:
-            cursor.execute(
-                f"UPDATE runs_app_trial SET dispatched_at = %s WHERE id IN ({', '.join(['%s'] * len(ids))})",
-                [connection.ops.adapt_datetimefield_value(timezone.now()), *ids],
-            )
+    if ids:
+        written.update(
+            Trial, {"dispatched_at": timezone.now()}, f"id IN ({', '.join(['%s'] * len(ids))})", ids
+        )
     reserved = ids.pop(0) if reserve and ids else None
     queue = trial_queue_of(run)
     for trial_id in ids:

@@ -23,6 +23,7 @@ from django.db import connection, connections, transaction
 from django.db.models import Count, F, Max, Min, Q, Sum
 from django.db.models.functions import Collate
 
+from runs_app import written
 from runs_app.analysis.tally import AGENT_ERROR_CATEGORIES
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
 
@@ -115,13 +116,10 @@ def _count_finished(run: Run, status: str) -> None:
             [run.pk, True, Trial.Status.RUNNING],
         )
         run.n_running = cursor.fetchone()[0]
-        run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
-        run.tally_version += 1
-        cursor.execute(
-            f"UPDATE runs_app_run SET {column} = %s, n_running = %s, n_queued = %s, tally_version = %s "
-            "WHERE id = %s",
-            [getattr(run, column), run.n_running, run.n_queued, run.tally_version, run.pk],
-        )
+    run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
+    run.tally_version += 1
+    counts = {name: getattr(run, name) for name in (column, "n_running", "n_queued", "tally_version")}
+    written.update(Run, counts, "id = %s", [run.pk])
 
 
 def ensure(runs: Sequence[Run]) -> None:

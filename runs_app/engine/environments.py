@@ -108,7 +108,6 @@ def _venv_listing(template: Path) -> tuple[tuple[str, str, int, bytes], ...]:
                     entries.append((relative, "dir", stat.S_IMODE(info.st_mode), b""))
                 else:
                     entries.append((relative, "file", stat.S_IMODE(info.st_mode), Path(path).read_bytes()))
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
         _LISTINGS[key] = tuple(entries)
     return _LISTINGS[key]
 

@@ -67,10 +67,8 @@ OnStored = Callable[[Run, Trial, list[CriterionResult]], None]
 # - the run's code version, or any: a message that reached a worker of another code version
 #   (sent before a run was recorded, or by hand) is left for a worker of the run's own version;
 # - a run with suite hooks: only once its suite is up, and only on its host.
-_CLAIM = """
-    UPDATE runs_app_trial
-    SET status = %s, lease_owner = %s, host = %s, lease_expires_at = %s, started_at = %s
-    WHERE id = %s AND status = %s AND run_id IN (
+_CLAIMABLE = """
+    id = %s AND status = %s AND run_id IN (
         SELECT id FROM runs_app_run
         WHERE NOT cancel_requested
           AND (any_code_version OR code_version IN ('', %s))
@@ -88,19 +86,18 @@ def claim(trial_id: int, worker: str) -> bool:
     a recount holding the run's lock meanwhile either saw this trial running or is followed
     by the +1."""
     now = timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM,
-            [
-                Trial.Status.RUNNING, worker, settings.WORKER_HOST,
-                adapt(now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS)), adapt(now),
-                trial_id, Trial.Status.QUEUED, code_version(), Run.Suite.READY, settings.WORKER_HOST,
-            ],
-        )  # fmt: skip
-        claimed = cursor.rowcount == 1
+    running = {
+        "status": Trial.Status.RUNNING, "lease_owner": worker, "host": settings.WORKER_HOST,
+        "lease_expires_at": now + timedelta(seconds=settings.TRIAL_LEASE_SECONDS), "started_at": now,
+    }  # fmt: skip
+    with transaction.atomic():
+        claimed = written.update(
+            Trial, running, _CLAIMABLE,
+            [trial_id, Trial.Status.QUEUED, code_version(), Run.Suite.READY, settings.WORKER_HOST],
+        ) == 1  # fmt: skip
         if claimed:
-            cursor.execute(_COUNT_CLAIMED, [trial_id])
+            with connection.cursor() as cursor:
+                cursor.execute(_COUNT_CLAIMED, [trial_id])
     return claimed
 
 
