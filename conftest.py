@@ -67,6 +67,7 @@ def _no_live_listener_outlives_its_test():
     yield
     from runs_app import live
     from runs_app.analysis import load
+    from runs_app.engine import runner
     from runs_app.web import fragments, presenters
 
     if live._hub is not None:
@@ -74,6 +75,7 @@ def _no_live_listener_outlives_its_test():
     fragments.forget()  # run ids repeat across test databases
     presenters.LISTS.clear()
     load.forget_comparisons()  # and so do (run id, tally version) pairs
+    runner.forget()  # and task version ids
 
 
 @pytest.fixture(autouse=True)

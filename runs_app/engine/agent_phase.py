@@ -275,6 +275,7 @@ class AgentPhase:
         )
 
         def should_stop() -> str | None:
+            self.ex.recorder.flush_if_due()  # the agent's phase and what it printed
             record_calls()
             if model_gateway is not None and state["limit"] is None:
                 state["limit"] = model_gateway.stop_reason()

@@ -229,6 +229,9 @@ def lease_sandbox_uid() -> int:
     start = (os.getpid() * 7919 + time.monotonic_ns()) % len(uids)  # spread workers apart
     lock_dir = _lock_dir()
     with _UID_LOCK:
+        if not _PRIMED:
+            _prime_lock_files(lock_dir, uids)
+            _PRIMED.append(True)
         for uid in uids[start:] + uids[:start]:
             if uid in _LEASES:
                 continue
@@ -255,6 +258,44 @@ def lease_sandbox_uid() -> int:
     while tasks_of_uid(uid) and time.monotonic() < deadline:
         time.sleep(0.01)
     return uid
+
+
+_PRIMED: list[bool] = []  # once per process
+
+
+def _prime_lock_files(lock_dir: Path, uids: list[int]) -> None:
+    """Create the lock file of every uid of the range that has none yet, marked clean when no
+    process runs as that uid (one scan of /proc for the whole range): on a fresh host, each
+    uid's first lease otherwise scanned /proc for leftovers, a few ms a trial for the first
+    thousand trials. A file that exists is left as it is: its holder or its content speaks
+    for it. Done once per range on a host (a marker file), then once per process a check.
+    """
+    marker = lock_dir / f".primed-{uids[0]}-{uids[-1]}"
+    if marker.exists():
+        return
+    wanted = set(uids)
+    busy = set()  # zombies too: they count against the next holder's process limit
+    for pid in _all_pids():
+        found = _status_field(pid, b"Uid:")
+        if found and int(found[0]) in wanted:
+            busy.add(int(found[0]))
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for uid in uids:
+        try:
+            fd = os.open(lock_dir / str(uid), flags, 0o600)
+        except FileExistsError:
+            continue
+        try:
+            # A file this process created: nobody leased the uid since the folder was made,
+            # so what runs as it now is all there is; a concurrent leaser may hold it already.
+            if uid not in busy:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.pwrite(fd, _CLEAN, 0)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    marker.touch(mode=0o600)
 
 
 def release_sandbox_uid(uid: int) -> None:

@@ -8,7 +8,7 @@ engine never reaches back into run control.
    worker has it, or it already ended (a redelivered message): do nothing.
 2. The process's lease keeper (one thread for all its trials) renews the lease and watches
    the run's cancel flag twice a second.
-3. Setup: unpack the task (and experiment) bundles, apply template sources, run pre_run.
+3. Setup: the task (and experiment) bundles, unpacked once per host; template sources; pre_run.
 4. Agent: prepare, run under process control; every stdout line is parsed live into events
    and usage, and a crossed budget or a fatal stream error stops it at once.
 5. Grade the finished workspace (unless the agent errored or was cancelled), run post_run.
@@ -32,10 +32,10 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from evalsite.versioning import code_version
-from experiments_app.specs import agent_kinds
-from experiments_app.specs.bundles import extract_bundle
+from experiments_app.models import TaskVersion
 from runs_app import live, written
 from runs_app.engine import (
+    bundle_cache,
     criteria,
     environments,
     gateway,
@@ -44,7 +44,6 @@ from runs_app.engine import (
     workspace,
 )
 from runs_app.engine.agent_phase import AgentPhase
-from runs_app.engine.bundle_cache import bundle_blob
 from runs_app.engine.criteria import early_stop
 from runs_app.engine.leases import Heartbeat, release_connection
 from runs_app.engine.outcome import Outcome, TrialAborted
@@ -106,7 +105,7 @@ def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -
     when the lease was lost before saving: another attempt owns the trial) and the run's id.
     `on_stored(run, trial, criteria)` runs in the transaction that stores the outcome, with
     the run's row locked (the caller counts the outcome there: exactly once)."""
-    trial = Trial.objects.select_related("run", "variant", "task_version__task").get(pk=trial_id)
+    trial = load_trial(trial_id)
     if trial.run.status == trial.run.Status.QUEUED:
         Run.objects.mark_started(trial.run_id)
     execution = TrialExecution(trial, worker)
@@ -119,6 +118,53 @@ def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -
         execution.stop_heartbeat()
     stored = execution.persist(outcome, on_stored)
     return (outcome.status if stored else None), trial.run_id
+
+
+# What a trial's execution reads of its run: not the bulky JSON (the frozen config names every
+# task of the run: a few MB for a large run, parsed again for every trial).
+RUN_FIELDS = tuple(f.name for f in Run._meta.concrete_fields if f.name not in Run.BULKY_FIELDS)
+_VERSIONS: dict[int, TaskVersion] = {}  # task versions never change: read once per process
+_EXPERIMENTS: dict[int, dict] = {}  # the frozen config's "experiment" of each run, likewise
+_CACHED_MAX = 256
+
+
+def load_trial(trial_id: int) -> Trial:
+    """The trial with its run (without the bulky fields) and its task version (bundle, YAML
+    path, task slug). Two written-out statements: the ORM's five-table join cost ~1 ms of CPU
+    a trial, and read the version's whole spec and dataset each time."""
+    trial = written.fetch(Trial, "id = %s", [trial_id])[0]
+    trial.run = written.fetch(Run, "id = %s", [trial.run_id], RUN_FIELDS)[0]
+    version = _VERSIONS.get(trial.task_version_id)
+    if version is None:
+        version = (
+            TaskVersion.objects.select_related("task")
+            .only("bundle_id", "yaml_path", "number", "task__slug")
+            .get(pk=trial.task_version_id)
+        )
+        _remember(_VERSIONS, trial.task_version_id, version)
+    trial.task_version = version
+    return trial
+
+
+def experiment_of(run_id: int) -> dict:
+    """The run's frozen experiment settings (its bundle and YAML path), read once per process."""
+    found = _EXPERIMENTS.get(run_id)
+    if found is None:
+        found = Run.objects.filter(pk=run_id).values_list("config__experiment", flat=True).get() or {}
+        _remember(_EXPERIMENTS, run_id, found)
+    return found
+
+
+def _remember(cache: dict, key: int, value: Any) -> None:
+    if len(cache) >= _CACHED_MAX:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
+def forget() -> None:
+    """Drop what `load_trial` and `experiment_of` keep (tests: ids repeat across test databases)."""
+    _VERSIONS.clear()
+    _EXPERIMENTS.clear()
 
 
 class TrialExecution:
@@ -175,9 +221,9 @@ class TrialExecution:
             return Outcome(Trial.Status.ERROR, "hook", failure)
         before = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
         agent_started = time.perf_counter()
-        # Shown at once while an agent runs; `none` and `oracle` run no process to watch.
-        kind = self.agent_kind()
-        self.recorder.phase("agent", flush=kind not in agent_kinds.UNWATCHED_KINDS, kind=kind)
+        # Written with what follows, or while the agent runs (its first poll, within a second):
+        # not in a transaction of its own, as for the setup.
+        self.recorder.phase("agent", kind=self.agent_kind())
         outcome = AgentPhase(self).run()
         timings["agent"] = time.perf_counter() - agent_started
         after = workspace.snapshot(self.paths.workspace, self._ignore_patterns())
@@ -266,19 +312,13 @@ class TrialExecution:
         self.root = root
         self.paths = workspace.layout(root)
         version = self.trial.task_version
-        self.task_bundle_dir = root / "task"
-        extract_bundle(bundle_blob(version.bundle_id), self.task_bundle_dir)
+        self.task_bundle_dir = bundle_cache.unpacked(version.bundle_id)
         self.task_yaml_dir = str(PurePosixPath(version.yaml_path).parent)
         self.experiment_bundle_dir: Path | None = None
-        experiment = self.trial.run.config.get("experiment", {})
+        experiment = experiment_of(self.trial.run_id)
         if experiment.get("bundle"):
-            self.experiment_bundle_dir = root / "experiment"
-            extract_bundle(bundle_blob(experiment["bundle"]), self.experiment_bundle_dir)
+            self.experiment_bundle_dir = bundle_cache.unpacked(experiment["bundle"])
             self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
-        if self.paths.uid is not None:  # grading and agent scripts mount them for the sandbox uid
-            for bundle_dir in filter(None, (self.task_bundle_dir, self.experiment_bundle_dir)):
-                os.chown(bundle_dir, self.paths.uid, self.paths.uid)
-                workspace.chown_tree(bundle_dir, self.paths.uid, self.paths.uid)
 
     def _provide_venv(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
@@ -618,8 +658,7 @@ class TrialExecution:
         with transaction.atomic():
             # The run's row first: what counts the outcome (on_stored) must not interleave with
             # a recount (cancel, resume...), which holds this lock too.
-            # Its frozen config (every task's digest) is not read here: a few KB of JSON a trial.
-            run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=self.trial.run_id)
+            run = written.fetch(Run, "id = %s", [self.trial.run_id], RUN_FIELDS, lock=True)[0]
             stored = written.update(
                 Trial, fields, "id = %s AND status = %s AND lease_owner = %s",
                 [self.trial.pk, Trial.Status.RUNNING, self.worker],

@@ -52,3 +52,21 @@ def test_an_insert_stores_every_row_across_statements(trial):
 
     stored = list(TrialEvent.objects.filter(trial=trial).order_by("seq").values_list("seq", "at", "data"))
     assert stored == [(e.seq, e.at, e.data) for e in events]
+
+
+def test_a_fetch_reads_what_the_orm_reads_and_defers_the_fields_it_was_not_asked_for(trial):
+    values = {"status": Trial.Status.RUNNING, "started_at": timezone.now(), "role_usage": {"judge": {"n": 1}}}
+    Trial.objects.filter(pk=trial.pk).update(**values)
+    expected = Trial.objects.get(pk=trial.pk)
+
+    (fetched,) = written.fetch(Trial, "id = %s", [trial.pk])
+    (partial,) = written.fetch(Trial, "id = %s", [trial.pk], ("id", "run", "status"), lock=True)
+
+    assert {f.attname: getattr(fetched, f.attname) for f in Trial._meta.concrete_fields} == {
+        f.attname: getattr(expected, f.attname) for f in Trial._meta.concrete_fields
+    }
+    assert fetched._state.adding is False and fetched._state.db == "default"
+    assert (partial.run_id, partial.status) == (trial.run_id, Trial.Status.RUNNING)
+    assert partial.get_deferred_fields() >= {"config", "role_usage", "started_at"}
+    assert partial.role_usage == {"judge": {"n": 1}}  # a deferred field is read on access
+    assert written.fetch(Trial, "id = %s", [-1]) == []

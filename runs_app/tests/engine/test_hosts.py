@@ -2,12 +2,19 @@
 run on workers of its own code, bundles fetched once per host, and a host that lost its lease
 writing nothing more to the trial."""
 
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
 import pytest
 from django.utils import timezone
 
 from conftest import WorkerProcess, wait_for
 from evalsite.versioning import code_version, trial_queue
 from experiments_app.models import Bundle
+from experiments_app.specs.bundles import make_bundle
 from runs_app import control
 from runs_app.engine import bundle_cache, leases, recording, runner
 from runs_app.launching import LaunchOptions, launch_run
@@ -106,6 +113,41 @@ def test_a_host_fetches_a_bundle_from_the_database_once(tmp_path, settings, djan
     with django_assert_num_queries(0):
         assert bundle_cache.bundle_blob("d" * 64) == blob
     assert [p.name for p in (tmp_path / "bundles").iterdir()] == ["d" * 64 + ".bundle"]
+
+
+@pytest.mark.django_db
+def test_a_host_unpacks_a_bundle_once_readable_by_a_sandbox_uid_only_through_its_path(
+    tmp_path, settings, django_assert_num_queries
+):
+    settings.BUNDLE_CACHE_DIR = tmp_path / "blobs"
+    # The session's sandbox root (searchable by others, as a worker's is), a folder of its own.
+    settings.SANDBOX_ROOT = Path(settings.SANDBOX_ROOT) / f"unpacking-{os.getpid()}"
+    shutil.rmtree(settings.SANDBOX_ROOT, ignore_errors=True)
+    files = {"task.yaml": b"task_id: t\n", "grade.sh": b"#!/bin/sh\nexit 0\n", "ref/answer.txt": b"42"}
+    packed = make_bundle(files)
+    Bundle.objects.create(digest=packed.digest, data=packed.blob, size=packed.size)
+    bundle_cache.forget()
+    os.umask(old_umask := os.umask(0o077))  # a worker's umask must not make it unreadable
+    try:
+        folder = bundle_cache.unpacked(packed.digest)
+    finally:
+        os.umask(old_umask)
+    with django_assert_num_queries(0):
+        assert bundle_cache.unpacked(packed.digest) == folder  # the next trial: no unpacking
+
+    assert folder == settings.SANDBOX_ROOT / "bundles" / packed.digest
+    assert {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == files
+    assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o711  # lists nothing
+    assert stat.S_IMODE((folder / "grade.sh").stat().st_mode) == 0o755
+    assert [p.name for p in folder.parent.iterdir()] == [packed.digest]  # no scratch left
+    if os.geteuid() == 0:  # the sandbox uid reads it by its path, and cannot write it
+        probe = subprocess.run(
+            ["setpriv", "--reuid=64999", "--regid=64999", "--clear-groups", "sh", "-c",
+             f"cat {folder}/ref/answer.txt; ls {folder.parent}; touch {folder}/x"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert probe.stdout == "42", probe.stderr
+        assert "Permission denied" in probe.stderr and not (folder / "x").exists()
 
 
 @pytest.mark.django_db

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runs_app.engine import sandbox
+from runs_app.engine import containment, sandbox
 from runs_app.engine.workspace import (
     REPO_DIRNAME,
     WorkspaceError,
@@ -121,6 +121,45 @@ def test_it_cleans_up_read_only_files_and_kills_what_still_runs(base):
     assert not paths.root.exists()
     if straggler is not None:
         assert straggler.wait(timeout=5) < 0
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only a root worker leases sandbox uids")
+def test_a_fresh_host_marks_idle_uids_clean_at_once_and_sweeps_a_busy_one_on_its_lease(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a host whose lock folder is new
+    monkeypatch.setenv("EVALSITE_SANDBOX_UIDS", "64990-64993")
+    monkeypatch.setattr(containment, "_PRIMED", [])
+    leftover = subprocess.Popen(["sleep", "30"], user=64991, group=64991, cwd="/")  # a dead trial's
+    try:
+        first = sandbox.lease_sandbox_uid()
+        locks = tmp_path / "evalsite-uid-locks"
+        leased = [first] + [sandbox.lease_sandbox_uid() for _ in range(3)]
+
+        assert sorted(leased) == [64990, 64991, 64992, 64993]
+        assert leftover.wait(timeout=5) < 0  # its lease swept the busy uid first
+        assert (locks / ".primed-64990-64993").exists()
+    finally:
+        leftover.kill()
+        for uid in containment._LEASES.copy():
+            if uid in range(64990, 64994):
+                sandbox.release_sandbox_uid(uid)
+    assert {(locks / str(uid)).read_bytes() for uid in range(64990, 64994)} == {b"clean"}
+
+
+def test_priming_marks_clean_only_new_lock_files_of_uids_nothing_runs_as(tmp_path):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / "64995").write_bytes(b"")  # a worker died holding it: left for its next lease
+    busy = subprocess.Popen(["sleep", "30"], **({"user": 64996, "group": 64996} if IS_ROOT else {}))
+    try:
+        uids = [64995, 64996 if IS_ROOT else os.getuid(), 64997]
+        containment._prime_lock_files(locks, uids)
+    finally:
+        busy.kill()
+    assert {uid: (locks / str(uid)).read_bytes() for uid in uids} == {
+        64995: b"",
+        uids[1]: b"",
+        64997: b"clean",
+    }
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to start a cleanup as an unprivileged user")
