@@ -36,25 +36,13 @@ def fetch(
     `names` only (the other fields deferred: read on access) or every field. `lock` reads
     them FOR UPDATE where the database has row locks (SQLite's IMMEDIATE transactions lock
     the whole database already)."""
-    wanted = set(names) if names is not None else None
-    fields = [
-        f for f in model._meta.concrete_fields if wanted is None or f.name in wanted or f.attname in wanted
-    ]
-    table = model._meta.db_table
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    sql = f"SELECT {columns} FROM {table} WHERE {where}"
+    select, attnames, converters = _select(model, tuple(names) if names is not None else None)
+    sql = f"{select} WHERE {where}"
     if lock and connection.features.has_select_for_update:
         sql += " FOR UPDATE"
-    converters = []
-    for index, field in enumerate(fields):
-        column = field.get_col(table)
-        found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-        if found:
-            converters.append((index, column, found))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    attnames = [field.attname for field in fields]
     instances = []
     for row in rows:
         values = list(row)
@@ -63,6 +51,29 @@ def fetch(
                 values[index] = convert(values[index], column, connection)
         instances.append(model.from_db(connection.alias, attnames, values))
     return instances
+
+
+_SELECTS: dict[tuple, tuple] = {}
+
+
+def _select(model: type[models.Model], names: tuple[str, ...] | None) -> tuple[str, list[str], list]:
+    """The SELECT … FROM of `fetch`, the attribute names it reads and the fields' converters,
+    made once per model, fields and database (making them cost more than the query)."""
+    key = (model, names, connection.alias)
+    if key not in _SELECTS:
+        fields = list(model._meta.concrete_fields)
+        if names is not None:
+            fields = [field for field in fields if field.name in names or field.attname in names]
+        table = model._meta.db_table
+        columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+        converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(table)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found:
+                converters.append((index, column, found))
+        _SELECTS[key] = (f"SELECT {columns} FROM {table}", [field.attname for field in fields], converters)
+    return _SELECTS[key]
 
 
 def insert(model: type[models.Model], objects: Iterable[models.Model], names: Sequence[str]) -> None:

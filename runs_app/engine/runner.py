@@ -670,7 +670,7 @@ class TrialExecution:
             if not self.recorder.flush(fenced=True):
                 live.publish(self.trial.run_id, self.trial.pk)
             rows = criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
-            CriterionResult.objects.bulk_create(rows)
+            written.insert(CriterionResult, rows, CRITERION_FIELDS)
             if on_stored is not None:
                 for name, value in fields.items():
                     setattr(self.trial, name, value)
@@ -685,6 +685,9 @@ class TrialExecution:
 def judged(specs: list[dict]) -> bool:
     """Whether grading asks a model (an enabled llm_judge criterion)."""
     return any(spec.get("type") == "llm_judge" and spec.get("enabled", True) for spec in specs)
+
+
+CRITERION_FIELDS = tuple(f.name for f in CriterionResult._meta.concrete_fields if not f.primary_key)
 
 
 def criterion_rows(trial_id: int, results: list, secrets: list[str] = ()) -> list[CriterionResult]:
