@@ -121,6 +121,8 @@ def test_a_host_unpacks_a_bundle_once_readable_by_a_sandbox_uid_only_through_its
 ):
     settings.BUNDLE_CACHE_DIR = tmp_path / "blobs"
     # The session's sandbox root (searchable by others, as a worker's is), a folder of its own.
+    Path(settings.SANDBOX_ROOT).mkdir(exist_ok=True)
+    os.chmod(settings.SANDBOX_ROOT, 0o711)  # as the first trial on a host leaves it
     settings.SANDBOX_ROOT = Path(settings.SANDBOX_ROOT) / f"unpacking-{os.getpid()}"
     shutil.rmtree(settings.SANDBOX_ROOT, ignore_errors=True)
     files = {"task.yaml": b"task_id: t\n", "grade.sh": b"#!/bin/sh\nexit 0\n", "ref/answer.txt": b"42"}

@@ -53,6 +53,7 @@ ATTACKS = {
     # Its own reference solution, wherever the bundle might be.
     "read-the-reference": (
         "cat ../task/*/reference/* ../*/reference/* ../../*/*/reference/* > loot.txt 2>&1; "
+        'cat "$SANDBOXES"/bundles/*/reference/* "$SANDBOXES"/bundles/*/*/reference/* >> loot.txt 2>&1; '
         "find / -xdev -name answer.txt -exec cat {} + >> loot.txt 2>/dev/null; echo attempted >> loot.txt",
         [f"reference-{MARK}"],
     ),
