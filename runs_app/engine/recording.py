@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from runs_app import live, written
@@ -100,16 +100,12 @@ class Recorder:
         (the reaper's re-queue waits for them, or they wait for it and are not written)."""
         if self.lease is None:
             return True
-        # Written out (see runs_app.written): SQLite has no FOR UPDATE, and needs none (its write
-        # transaction holds the whole database).
-        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM runs_app_trial WHERE id = %s AND status = %s AND lease_owner = %s{lock}",
-                [self.trial_id, Trial.Status.RUNNING, self.lease.worker],
-            )
-            if cursor.fetchone():
-                return True
+        held = written.fetch(
+            Trial, "id = %s AND status = %s AND lease_owner = %s",
+            [self.trial_id, Trial.Status.RUNNING, self.lease.worker], ("id",), lock=True,
+        )  # fmt: skip
+        if held:
+            return True
         logger.warning("trial %s: lease lost; events from %s not kept", self.trial_id, self.lease.worker)
         self.lease.lease_lost.set()
         return False
