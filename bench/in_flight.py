@@ -8,7 +8,10 @@ are set (then they must point at scratch services). Prints, per setting:
 - throughput: trials finished per second between the first and the last quarter of the run,
   against the ideal (every slot busy: P x SLOTS / agent seconds per second);
 - the peak RSS of the worker processes (the harness), and of everything in their process
-  groups (the harness plus the agents' bwrap, sh and sleep).
+  groups (the harness plus the agents' bwrap, sh and sleep);
+- the host's CPU per trial over the same window (every process: harness, database, broker,
+  sandboxes; from /proc/stat), and the throughput that CPU allows on this host's cores: what
+  the agents' time leaves to the host, whatever the slots, is cores / CPU per trial.
 Targets (issue 13): 256 in flight on one host at >= 90% of ideal and <= 1.5 GB worker RSS;
 512 on two worker processes.
 """
@@ -76,6 +79,20 @@ def tree_rss(roots: set[int]) -> tuple[int, int]:
     return harness, everything
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(busy, stolen) CPU seconds of the whole host since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _at(samples: list[tuple[float, float, float]], moment: float) -> tuple[float, float]:
+    """The (busy, stolen) CPU reading nearest to `moment`."""
+    nearest = min(samples, key=lambda sample: abs(sample[0] - moment))
+    return nearest[1], nearest[2]
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -130,10 +147,12 @@ def main() -> None:
                 ))  # fmt: skip
             groups = {w.pid for w in workers}
             peak = [0, 0]
+            cpu: list[tuple[float, float, float]] = []
             stop = threading.Event()
 
-            def sample(stop=stop, peak=peak, groups=groups) -> None:
-                while not stop.wait(0.5):
+            def sample(stop=stop, peak=peak, groups=groups, cpu=cpu) -> None:
+                while not stop.wait(0.25):
+                    cpu.append((time.time(), *cpu_seconds()))
                     harness, everything = tree_rss(groups)
                     peak[0], peak[1] = max(peak[0], harness), max(peak[1], everything)
 
@@ -175,6 +194,19 @@ def main() -> None:
                 f"throughput {middle:.1f} trials/s of ideal {ideal:.1f} ({100 * middle / ideal:.0f}%); "
                 f"peak RSS worker {peak[0] / 1024:.0f} MB, with agents {peak[1] / 1024:.0f} MB"
             )
+            if hi > lo and cpu:
+                (busy_lo, stolen_lo), (busy_hi, stolen_hi) = _at(cpu, lo), _at(cpu, hi)
+                trials = 3 * len(finished) // 4 - len(finished) // 4
+                per_trial = (busy_hi - busy_lo) / trials
+                cores = os.cpu_count() - (stolen_hi - stolen_lo) / (hi - lo)  # what the hypervisor left
+                ceiling = cores / per_trial if per_trial > 0 else float("inf")
+                print(
+                    f"  host CPU {1000 * per_trial:.1f} ms per trial (all processes), "
+                    f"{100 * (busy_hi - busy_lo) / (hi - lo) / os.cpu_count():.0f}% of "
+                    f"{os.cpu_count()} cores busy, {stolen_hi - stolen_lo:.1f} s stolen: this host's CPU "
+                    f"allows {ceiling:.1f} trials/s; throughput is "
+                    f"{100 * middle / min(ideal, ceiling):.0f}% of min(ideal, CPU ceiling)"
+                )
 
 
 if __name__ == "__main__":

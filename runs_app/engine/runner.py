@@ -656,9 +656,6 @@ class TrialExecution:
             "artifact": outcome.artifact,
         }
         with transaction.atomic():
-            # The run's row first: what counts the outcome (on_stored) must not interleave with
-            # a recount (cancel, resume...), which holds this lock too.
-            run = written.fetch(Run, "id = %s", [self.trial.run_id], RUN_FIELDS, lock=True)[0]
             stored = written.update(
                 Trial, fields, "id = %s AND status = %s AND lease_owner = %s",
                 [self.trial.pk, Trial.Status.RUNNING, self.worker],
@@ -672,6 +669,15 @@ class TrialExecution:
             rows = criterion_rows(self.trial.pk, outcome.criteria, self.secret_values)
             written.insert(CriterionResult, rows, CRITERION_FIELDS)
             if on_stored is not None:
+                # The run's row last, held only while the outcome is counted: every trial of the
+                # run that ends takes it, so with it taken first the outcome's own statements ran
+                # in turn with every other trial's (256 in flight kept most of the worker's
+                # connections waiting on it).
+                # A recount (cancel, resume...) holds it too: before this outcome commits it
+                # counted the trial as running and the count below starts from its result;
+                # after, it counts the committed outcome. (Rows are taken trial, then run, as
+                # resume's are.)
+                run = written.fetch(Run, "id = %s", [self.trial.run_id], RUN_FIELDS, lock=True)[0]
                 for name, value in fields.items():
                     setattr(self.trial, name, value)
                 on_stored(run, self.trial, rows)

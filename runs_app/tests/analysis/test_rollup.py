@@ -2,10 +2,13 @@
 a finishing trial (while the run is in progress), the reaper, cancel, retry, resume and `evaluate`,
 and old runs without tallies are rolled up when first read."""
 
+import threading
+import time
 from dataclasses import fields
 from datetime import timedelta
 
 import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from runs_app import control
@@ -42,12 +45,10 @@ def test_a_launch_tallies_every_unit_as_pending(run):
 
 def _store_as_the_runner_does(trial: Trial, status: str, passed: bool) -> None:
     """Claim, then store the outcome and count it in one transaction, as `runner.persist` does."""
-    from django.db import transaction
-
     assert runner.claim(trial.pk, "w")
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=trial.run_id)
         _finish(trial, status, passed)
+        locked = Run.objects.select_for_update().get(pk=trial.run_id)
         trial.refresh_from_db()
         rollup.add_finished(locked, trial, list(trial.criterion_results.all()))
 
@@ -69,6 +70,57 @@ def test_each_stored_outcome_is_counted_once_while_the_run_is_in_progress(run):
     assert sum(arm.passed for arm in arms) == 1 and sum(arm.failed for arm in arms) == 1
     control.after_trial(run.pk, ())
     assert Run.objects.get(pk=run.pk).status != Run.Status.FINISHED
+
+
+@pytest.mark.django_db(transaction=True)  # the worker's thread opens its own connection
+def test_an_outcome_stored_while_a_recount_holds_the_run_is_counted_once(run):
+    """The runner writes the outcome, then takes the run's row to count it; a recount (cancel,
+    resume, the reaper) that holds that row meanwhile has counted the trial as still running."""
+    trial = Trial.objects.filter(run=run, variant__slug="reference").order_by("pk").first()
+    assert runner.claim(trial.pk, "w")
+    Run.objects.mark_started(run.pk)  # as the run's first trial did
+    postgres = connection.vendor == "postgresql"
+    outcome = {}
+
+    def work() -> None:
+        try:
+            outcome["status"], _ = runner.run_claimed(trial.pk, "w", rollup.add_finished)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        worker = threading.Thread(target=work)
+        worker.start()
+        deadline = time.monotonic() + 20
+        while postgres and not _waits_on_the_run_with_its_outcome_written() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if postgres:  # the outcome and its criteria are written before the run's row is awaited
+            assert _waits_on_the_run_with_its_outcome_written()
+        rollup.recount(locked)
+        counted = Run.objects.get(pk=run.pk)
+        assert counted.n_running == 1 and counted.n_passed == 0
+    worker.join(60)
+    assert outcome["status"] == Trial.Status.PASSED
+    stored = Run.objects.get(pk=run.pk)
+    counts = {name: getattr(stored, f"n_{name}") for name in Trial.Status.values}
+    assert counts["passed"] == 1 and counts["running"] == 0
+    rollup.recount(stored)
+    assert counts == {name: getattr(stored, f"n_{name}") for name in Trial.Status.values}
+    assert_tallies_match(run)
+
+
+def _waits_on_the_run_with_its_outcome_written() -> bool:
+    """Whether another session waits on a row lock while holding the rows it inserted into
+    runs_app_criterionresult (PostgreSQL's pg_locks)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks waiting JOIN pg_locks held ON held.pid = waiting.pid "
+            "JOIN pg_class c ON c.oid = held.relation WHERE NOT waiting.granted "
+            "AND c.relname = 'runs_app_criterionresult' AND held.mode = 'RowExclusiveLock' "
+            "AND waiting.pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone() is not None
 
 
 def test_the_reaper_cancel_retry_and_resume_keep_the_tallies_current(
