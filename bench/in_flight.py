@@ -179,8 +179,9 @@ def main() -> None:
             )
             for (status, message), count in others.most_common(5):
                 print(f"  {count} {status}: {message[:300]}")
-            lo, hi = finished[len(finished) // 4], finished[3 * len(finished) // 4]
-            middle = (3 * len(finished) // 4 - len(finished) // 4) / (hi - lo) if hi > lo else 0.0
+            first, last = len(finished) // 4, 3 * len(finished) // 4
+            lo, hi = finished[first], finished[last]
+            middle = (last - first) / (hi - lo) if hi > lo else 0.0
             ideal = slots * args.processes / args.agent_seconds
             agents_alone = args.rounds * args.agent_seconds
             print(
@@ -191,14 +192,14 @@ def main() -> None:
             )
             if hi > lo and cpu:
                 (busy_lo, stolen_lo), (busy_hi, stolen_hi) = _at(cpu, lo), _at(cpu, hi)
-                trials = 3 * len(finished) // 4 - len(finished) // 4
-                per_trial = (busy_hi - busy_lo) / trials
-                cores = os.cpu_count() - (stolen_hi - stolen_lo) / (hi - lo)  # what the hypervisor left
+                per_trial = (busy_hi - busy_lo) / (last - first)
+                host_cores = os.cpu_count()
+                cores = host_cores - (stolen_hi - stolen_lo) / (hi - lo)  # what the hypervisor left
                 ceiling = cores / per_trial if per_trial > 0 else float("inf")
                 print(
                     f"  host CPU {1000 * per_trial:.1f} ms per trial (all processes), "
-                    f"{100 * (busy_hi - busy_lo) / (hi - lo) / os.cpu_count():.0f}% of "
-                    f"{os.cpu_count()} cores busy, {stolen_hi - stolen_lo:.1f} s stolen: this host's CPU "
+                    f"{100 * (busy_hi - busy_lo) / (hi - lo) / host_cores:.0f}% of "
+                    f"{host_cores} cores busy, {stolen_hi - stolen_lo:.1f} s stolen: this host's CPU "
                     f"allows {ceiling:.1f} trials/s; throughput is "
                     f"{100 * middle / min(ideal, ceiling):.0f}% of min(ideal, CPU ceiling)"
                 )
