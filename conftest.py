@@ -40,18 +40,12 @@ def pytest_configure(config):
         scratch.mkdir(parents=True, exist_ok=True)
         database["TEST"] = {**database.get("TEST", {}), "NAME": str(scratch / "test.sqlite3")}
     if settings.CELERY_BROKER_URL == "filesystem://":
+        from evalsite import filesystem_broker
+
         broker_dir = scratch / "broker"
-        for sub in ("in", "processed", "control"):
-            (broker_dir / sub).mkdir(parents=True, exist_ok=True)
         os.environ["BROKER_DIR"] = str(broker_dir)
         settings.BROKER_DIR = broker_dir
-        settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
-            "data_folder_in": str(broker_dir / "in"),
-            "data_folder_out": str(broker_dir / "in"),
-            "processed_folder": str(broker_dir / "processed"),
-            "control_folder": str(broker_dir / "control"),
-        }
+        settings.CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_broker.transport_options(broker_dir)
 
 
 def pytest_unconfigure(config):

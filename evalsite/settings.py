@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from evalsite import filesystem_broker
 from evalsite.versioning import code_version, host_queue, trial_queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -360,16 +361,9 @@ if CELERY_BROKER_URL:
         CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 else:
     CELERY_BROKER_URL = "filesystem://"
-    for sub in ("in", "processed", "control"):
-        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(BROKER_DIR / "in"),
-        "data_folder_out": str(BROKER_DIR / "in"),
-        "processed_folder": str(BROKER_DIR / "processed"),
-        "control_folder": str(BROKER_DIR / "control"),
-        "store_processed": False,
-        "polling_interval": 0.1,
-    }
+    # kombu's filesystem transport, with messages written whole and taken once (the module says why).
+    CELERY_BROKER_TRANSPORT = "evalsite.filesystem_broker:Transport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_broker.transport_options(BROKER_DIR)
 
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -77,8 +77,8 @@ def test_it_configures_the_database_and_broker_this_process_was_given():
         assert settings.CELERY_BROKER_URL == "filesystem://"
         transport = settings.CELERY_BROKER_TRANSPORT_OPTIONS
         assert transport["polling_interval"] == 0.1
-        assert all(
-            os.path.isabs(transport[k]) for k in ("data_folder_in", "data_folder_out", "processed_folder")
-        )
+        assert settings.CELERY_BROKER_TRANSPORT == "evalsite.filesystem_broker:Transport"
+        folders = ("data_folder_in", "data_folder_out", "processed_folder", "staging_folder")
+        assert all(os.path.isabs(transport[k]) for k in folders)
     assert settings.CELERY_TASK_ACKS_LATE and settings.CELERY_WORKER_PREFETCH_MULTIPLIER == 1
     assert settings.CELERY_ACCEPT_CONTENT == ["json"]
