@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.urls import NoReverseMatch, reverse
 from playwright.sync_api import Page, expect, sync_playwright
 
@@ -48,6 +49,10 @@ def page(live_server, member):
         expect(page.locator(".mainnav")).to_be_visible()
         yield page
         browser.close()
+        # Inside Playwright's sync API, this fixture and its test see their own copy of Django's
+        # per-context connections: the one they opened is not the one pytest-django closes
+        # before dropping the test database, and on PostgreSQL it kept the drop from happening.
+        connections.close_all()
     assert not problems, problems
 
 
