@@ -43,7 +43,7 @@ def transport_options(broker_dir: Path) -> dict:
         "processed_folder": str(broker_dir / "processed"),
         "control_folder": str(broker_dir / "control"),
         "staging_folder": str(broker_dir / "staging"),
-        "store_processed": False,
+        # No store_processed: a taken message is always deleted once read (Channel._get).
         "polling_interval": 0.1,
     }
 
