@@ -95,7 +95,7 @@ sandbox:
 		(apt-get install -y -q gcc libc6-dev >/dev/null 2>&1 || \
 		 (apt-get update -q >/dev/null && apt-get install -y -q gcc libc6-dev >/dev/null)) && echo "installed gcc"; \
 	fi
-	@mkdir -p .build && cc -O2 -Wall -o .build/evalsite-launch runs_app/engine/launcher/evalsite-launch.c
+	@mkdir -p .build && cc -O2 -Wall -o .build/evalsite-launch runs_app/engine/sandbox/launcher/evalsite-launch.c
 
 migrate: install
 	$(PY) manage.py migrate --noinput

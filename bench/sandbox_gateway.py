@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from runs_app.engine import sandbox  # noqa: E402 (after the path)
 from runs_app.engine.gateway import Gateway, Upstream  # noqa: E402
-from runs_app.engine.workspace import cleanup, layout  # noqa: E402
+from runs_app.engine.sandbox import bubblewrap  # noqa: E402
+from runs_app.engine.sandbox.workspace import cleanup, layout  # noqa: E402
 
 BODY = json.dumps(
     {"type": "message", "model": "claude-sonnet-4-6", "usage": {"input_tokens": 100, "output_tokens": 20}}
@@ -83,10 +84,12 @@ def main() -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(paths.home)}
     limits = sandbox.Limits(wall_seconds=10)
     box = {"mounts": [sandbox.Mount(paths.home, writable=True)], "tmp": paths.tmp}
-    sandbox.run_process(["true"], cwd=paths.workspace, env=env, limits=limits, **box)  # stage runtimes once
+    bubblewrap.run_process(
+        ["true"], cwd=paths.workspace, env=env, limits=limits, **box
+    )  # stage runtimes once
     bare = timed(lambda: subprocess.run(["true"], check=True), n)
     boxed = timed(
-        lambda: sandbox.run_process(["true"], cwd=paths.workspace, env=env, limits=limits, **box), n
+        lambda: bubblewrap.run_process(["true"], cwd=paths.workspace, env=env, limits=limits, **box), n
     )
     uid = "the leased sandbox uid" if os.geteuid() == 0 else "the worker's own uid"
     print(f"sandbox start ({uid}), run_process(['true']) x{n}: {stats(boxed)}")

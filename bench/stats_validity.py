@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "evalsite.settings")
 django.setup()
 
-from runs_app.analysis import compare  # noqa: E402
-from runs_app.analysis.simulation import Design, comparison_data, validity  # noqa: E402
+from runs_app.analysis.stats import compare  # noqa: E402
+from runs_app.analysis.stats.simulation import Design, comparison_data, validity  # noqa: E402
 
 CLUSTERS = (10, 30, 100)
 REPEATS = (1, 3)

@@ -55,7 +55,7 @@ def profile_trials(n: int, tmp_path: Path) -> None:
 
     from experiments_app.definitions import import_experiment, import_tasks
     from runs_app import control
-    from runs_app.engine import sandbox
+    from runs_app.engine.sandbox import bubblewrap
     from runs_app.launching import LaunchOptions, launch_run
     from runs_app.models import Run
 
@@ -71,7 +71,7 @@ def profile_trials(n: int, tmp_path: Path) -> None:
     run = launch_run(experiment, options=LaunchOptions(repeats=1 if distinct else n, max_parallel=1))
 
     command_seconds = []
-    run_process = sandbox.run_process
+    run_process = bubblewrap.run_process
 
     def timed(*args, **kwargs):
         started = time.perf_counter()
@@ -80,7 +80,7 @@ def profile_trials(n: int, tmp_path: Path) -> None:
         finally:
             command_seconds.append(time.perf_counter() - started)
 
-    sandbox.run_process = timed
+    bubblewrap.run_process = timed
     control.CHAIN_SECONDS = float("inf")  # one execute runs the whole run, trial after trial
     profile = cProfile.Profile() if "--profile" in sys.argv else None
     started = time.perf_counter()

@@ -21,6 +21,7 @@ from experiments_app.models import Experiment, Task, TaskSet, Variant
 from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_kinds
 from experiments_app.specs.bundles import read_bundle
 from experiments_app.specs.loading import layer_refs
+from experiments_app.specs.providers import PROVIDERS
 from experiments_app.specs.yaml_errors import unknown_key_problems
 
 Loc = tuple[str | int, ...]
@@ -161,21 +162,30 @@ class ExperimentForm(forms.Form):
         return value
 
 
-# Agent options with their own field on the form (the kind that reads each: the template shows
-# a field only for its kinds when JavaScript is on).
-# Agent options with a field of their own, and the kinds that read them (agent_kinds.KIND_OPTIONS);
-# the page shows each field for those kinds only.
+# Agent options with a field of their own, and the kinds that read them: the page shows each
+# field for those kinds only.
 TYPED_OPTIONS = {
-    "permission_mode": ("claude-code",),
-    "allowed_tools": ("claude-code",),
-    "max_turns": ("claude-code", "gemini-cli"),
-    "sandbox": ("codex",),
-    "reasoning_effort": ("codex",),
-    "command": ("command",),
-    "prompt_via": ("command",),
-}
+    name: agent_kinds.kinds_reading(name)
+    for name in ("permission_mode", "allowed_tools", "max_turns", "sandbox", "reasoning_effort", "command",
+                 "prompt_via")
+}  # fmt: skip
 # Typed options whose value is a list, typed as "a, b".
 LIST_OPTIONS = ("allowed_tools",)
+
+
+def _model_server_help() -> str:
+    """Which worker variables a variant's model server and key come from, by kind."""
+    by_provider: dict[str, list[str]] = {}
+    for kind in agent_kinds.KINDS.values():
+        if kind.cli:
+            by_provider.setdefault(kind.providers[0], []).append(kind.name)
+    rows = [PROVIDERS[name] for name in by_provider]
+    urls = " / ".join(row.url_variable for row in rows)
+    keys = ", ".join(f"{row.key_variable} ({', '.join(by_provider[row.name])})" for row in rows)
+    return (
+        f"Base URL of the model API this variant's agent calls through the gateway; empty: the worker's "
+        f"{urls}, else the public API. The key is the worker's {keys}: keys never leave the worker."
+    )
 
 
 class VariantForm(forms.Form):
@@ -188,10 +198,7 @@ class VariantForm(forms.Form):
         max_length=500,
         label="Model server",
         assume_scheme="https",
-        help_text="Base URL of the model API this variant's agent calls through the gateway; empty: the "
-        "worker's ANTHROPIC_BASE_URL / OPENAI_BASE_URL / GOOGLE_GEMINI_BASE_URL, else the public API. "
-        "The key is the worker's ANTHROPIC_API_KEY (claude-code), OPENAI_API_KEY (codex, opencode, "
-        "aider) or GEMINI_API_KEY (gemini-cli): keys never leave the worker.",
+        help_text=_model_server_help(),
     )
     # Typed fields for the options people set most; any other option goes in "Agent options".
     permission_mode = forms.ChoiceField(

@@ -19,15 +19,16 @@ from functools import partial
 
 from celery import current_app
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F
 from django.db.models.functions import Substr
 from django.utils import timezone
 
 from evalsite.versioning import host_queue, trial_queue
 from runs_app import live, written
-from runs_app.analysis import gates, rollup
+from runs_app.analysis import rollup
 from runs_app.analysis.load import run_facts
+from runs_app.analysis.stats import gates
 from runs_app.engine import runner, suite_hooks
 from runs_app.engine.suites import evaluate_suites
 from runs_app.models import Run, Trial, TrialEvent, Worker
@@ -94,19 +95,6 @@ def dispatch(run_id: int, reserve: bool = False) -> int | None:
         return _dispatch_locked(run, reserve)
 
 
-# Every trial's end fills its slot: these are written out, as the claim is (runner.py). The
-# current attempts of the run (`is_latest IN (true)`, see TrialQuerySet.current) that hold a
-# slot, and the next ones to send, in order.
-_OCCUPIED = """
-    SELECT COUNT(*) FROM runs_app_trial
-    WHERE run_id = %s AND is_latest IN (%s)
-      AND (status = %s OR (status = %s AND dispatched_at IS NOT NULL))"""
-_UNDISPATCHED = """
-    SELECT id FROM runs_app_trial
-    WHERE run_id = %s AND is_latest IN (%s) AND status = %s AND dispatched_at IS NULL
-    ORDER BY replicate, id LIMIT %s"""
-
-
 def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     """dispatch() for a run whose row the current transaction has locked."""
     if run.cancel_requested or run.is_final or run.historical:
@@ -118,13 +106,12 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
         return None
     if run.suite_status in (Run.Suite.SETTING_UP, Run.Suite.FAILED):
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(_OCCUPIED, [run.pk, True, Trial.Status.RUNNING, Trial.Status.QUEUED])
-        free = run.max_parallel - cursor.fetchone()[0]
-        if free <= 0:
-            return None
-        cursor.execute(_UNDISPATCHED, [run.pk, True, Trial.Status.QUEUED, free])
-        ids = [row[0] for row in cursor.fetchall()]
+    # Every trial's end fills its slot: these statements are written out (`written`), as the
+    # claim is.
+    free = run.max_parallel - written.trials_holding_a_slot(run.pk)
+    if free <= 0:
+        return None
+    ids = written.next_to_send(run.pk, free)
     if ids:
         written.update(
             Trial, {"dispatched_at": timezone.now()}, f"id IN ({', '.join(['%s'] * len(ids))})", ids

@@ -31,8 +31,9 @@ from experiments_app.specs.resolve import (
     trial_layers,
 )
 from runs_app import control
-from runs_app.analysis import planning, rollup
+from runs_app.analysis import rollup
 from runs_app.analysis.load import load
+from runs_app.analysis.stats import planning
 from runs_app.engine import suite_hooks
 from runs_app.models import Run, Trial
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from evalsite.versioning import code_version
 from runs_app import control
-from runs_app.engine import hosts, runner
+from runs_app.engine import hosts, trial_sandbox
 from runs_app.models import Worker
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def _reap_at_start(sender, **kwargs) -> None:
     beat, and removes the sandbox folders they left on this host. Then it reports itself (host,
     slots, code and agent versions) every WORKER_HEARTBEAT_SECONDS, from its main process (the
     workers page, the run page's worker banner)."""
-    runner.sweep_sandboxes()
+    trial_sandbox.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
     slots = settings.WORKER_SLOTS or getattr(getattr(sender, "controller", None), "concurrency", 0) or 0

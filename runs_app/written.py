@@ -11,6 +11,8 @@ from typing import Any
 
 from django.db import connection, models
 
+from runs_app.models import Run, Trial, UnitTally
+
 # SQLite's limit on a statement's parameters is 32,766; PostgreSQL's 65,535.
 _ROWS_PER_INSERT = 500
 
@@ -93,3 +95,107 @@ def insert(model: type[models.Model], objects: Iterable[models.Model], names: Se
                 f"INSERT INTO {model._meta.db_table} ({columns}) VALUES {values}",
                 [value for row in batch for value in row],
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# The hot path's own statements: a trial's claim, its slot, its unit's tally, its run's counts.
+# Table and column names come from the models (`_meta`), never typed by hand.
+
+
+def _table(model: type[models.Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def claimable() -> str:
+    """The WHERE of a trial's claim (an UPDATE of the trial; params: the trial's id, the queued
+    status, the worker's code version, the ready suite status, the worker's host). As the ORM
+    version was: not cancelled; the run's code version, or any (a message that reached a worker
+    of another code version is left for a worker of the run's own version); a run with suite
+    hooks only once its suite is up, and only on its host."""
+    return f"""
+        id = %s AND status = %s AND run_id IN (
+            SELECT id FROM {_table(Run)}
+            WHERE NOT cancel_requested
+              AND (any_code_version OR code_version IN ('', %s))
+              AND (suite_status = '' OR (suite_status = %s AND suite_host = %s))
+        )"""
+
+
+def count_claimed(trial_id: int) -> None:
+    """One more running trial on the claimed trial's run, one fewer queued."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {_table(Run)}
+            SET n_running = n_running + 1, n_queued = CASE WHEN n_queued > 0 THEN n_queued - 1 ELSE 0 END
+            WHERE id = (SELECT run_id FROM {_table(Trial)} WHERE id = %s)""",
+            [trial_id],
+        )
+
+
+def trials_holding_a_slot(run_id: int) -> int:
+    """The run's current attempts (`is_latest IN (true)`, see TrialQuerySet.current) that hold a
+    slot: running, or queued and already sent to a worker."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT COUNT(*) FROM {_table(Trial)}
+            WHERE run_id = %s AND is_latest IN (%s)
+              AND (status = %s OR (status = %s AND dispatched_at IS NOT NULL))""",
+            [run_id, True, Trial.Status.RUNNING, Trial.Status.QUEUED],
+        )
+        return cursor.fetchone()[0]
+
+
+def next_to_send(run_id: int, limit: int) -> list[int]:
+    """The run's current queued attempts not sent yet, in order (replicate, then id)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT id FROM {_table(Trial)}
+            WHERE run_id = %s AND is_latest IN (%s) AND status = %s AND dispatched_at IS NULL
+            ORDER BY replicate, id LIMIT %s""",
+            [run_id, True, Trial.Status.QUEUED, limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def running_trials(run_id: int) -> int:
+    """The run's current attempts that are running."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {_table(Trial)} WHERE run_id = %s AND is_latest IN (%s) AND status = %s",
+            [run_id, True, Trial.Status.RUNNING],
+        )
+        return cursor.fetchone()[0]
+
+
+def unit_tally(
+    run_id: int, variant_id: int, task_version_id: int, dataset_row_id: str
+) -> tuple[int, dict] | None:
+    """The id and criterion counts of a unit's tally row, if it has one."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT id, criteria FROM {_table(UnitTally)}
+            WHERE run_id = %s AND variant_id = %s AND task_version_id = %s AND dataset_row_id = %s""",
+            [run_id, variant_id, task_version_id, dataset_row_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return row[0], UnitTally._meta.get_field("criteria").from_db_value(row[1], None, connection)
+
+
+def add_to_tally(tally_id: int, share: Mapping[str, float], criteria: dict) -> None:
+    """Add `share` to a tally row's counters (columns named as the fields) and set its criterion
+    counts."""
+    columns = [UnitTally._meta.get_field(name).column for name in share]
+    added = ", ".join(
+        f"{connection.ops.quote_name(c)} = {connection.ops.quote_name(c)} + %s" for c in columns
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_table(UnitTally)} SET {added}, criteria = %s WHERE id = %s",
+            [
+                *share.values(),
+                UnitTally._meta.get_field("criteria").get_db_prep_save(criteria, connection),
+                tally_id,
+            ],
+        )

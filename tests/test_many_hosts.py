@@ -22,7 +22,7 @@ from django.db import connection
 from conftest import BASE_DIR, WorkerProcess, wait_for, worker_environment
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial, TrialEvent, Worker
-from runs_app.tests.engine.test_runner_worker import small_suite, wait_for_run
+from runs_app.tests.workers import small_suite, wait_for_run
 from tests.hosts import NetnsHost, Relay, can_build_hosts
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,8 @@
-"""The one registry of agent kind names: the built-ins plus the installed plugins (no Django).
+"""The one registry of agent kinds: a descriptor row per built-in kind (`KINDS`), plus the
+installed plugins (no Django). Every other table of kinds (options, agentless, resumable,
+CLIs, providers) is derived from the rows.
+
+Adding a built-in kind: a row here and its module under `runs_app.engine.agents` (docs/agents.md).
 
 A package adds a kind with an entry point in the ``evalsite.agents`` group, e.g. in pyproject.toml:
 
@@ -13,69 +17,102 @@ always win, so an installed package cannot replace them.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 ENTRY_POINT_GROUP = "evalsite.agents"
-BUILTIN_KINDS = ("none", "oracle", "command", "claude-code", "codex", "gemini-cli", "opencode", "aider")
-# Agents that produce no trajectory, so criteria reading the agent's commands cannot apply.
-AGENTLESS_KINDS = ("none",)
-# Kinds whose run has no tool calls to watch, so no criterion can stop them early.
-UNWATCHED_KINDS = ("none", "oracle")
+# Every kind takes the common options (`model` too: an experiment's default model may reach a
+# `none` or `oracle` variant).
+COMMON_OPTIONS = frozenset({"type", "model", "env", "secrets", "prices"})
+
+
+@dataclass(frozen=True)
+class AgentKindInfo:
+    """What the product knows of one built-in kind; its implementation is the module of the same
+    name under `runs_app.engine.agents` (`claude-code`: `claude_code.py`)."""
+
+    name: str
+    # The options it reads besides COMMON_OPTIONS; any other key under `agent` is an error
+    # naming the kinds it applies to.
+    options: frozenset[str] = frozenset()
+    # False: the kind does its work before any process would start (`none`, `oracle`).
+    runs_process: bool = True
+    # False: no trajectory, so criteria reading the agent's commands cannot apply (`none`).
+    has_trajectory: bool = True
+    # False: no tool calls to watch, so no criterion can stop it early.
+    has_tool_calls: bool = True
+    # Whether it can continue its session with a new message (simulated conversations).
+    can_resume: bool = False
+    # The model CLI it drives, the worker variable that may point to it, and how to ask its version.
+    cli: str = ""
+    cli_variable: str = ""
+    version_args: tuple[str, ...] = ("--version",)
+    # The model providers (`providers.PROVIDERS`) it calls through the gateway by default.
+    providers: tuple[str, ...] = ()
+
+    @property
+    def module(self) -> str:
+        return self.name.replace("-", "_")
+
+
+_CLI_OPTIONS = frozenset({"binary", "base_url", "extra_args"})
+KINDS: dict[str, AgentKindInfo] = {
+    kind.name: kind
+    for kind in (
+        AgentKindInfo("none", runs_process=False, has_trajectory=False, has_tool_calls=False),
+        AgentKindInfo("oracle", runs_process=False, has_tool_calls=False),
+        AgentKindInfo(
+            "command", frozenset({"command", "script", "prompt_via"}), can_resume=True,
+            providers=("anthropic", "openai"),
+        ),
+        AgentKindInfo(
+            "claude-code",
+            _CLI_OPTIONS | {
+                "permission_mode", "allowed_tools", "disallowed_tools", "max_turns", "append_system_prompt",
+                "system_prompt", "system_prompt_file", "include_partial_messages", "max_budget_usd",
+                "max_retries", "provider", "region", "project_id",
+                # Still accepted without effect, as before: coder-eval's own examples set it, and
+                # mapping it onto the CLI is open work (noted on issue 11).
+                "sdk_options",
+            },
+            can_resume=True, cli="claude", cli_variable="EVALSITE_CLAUDE_BIN", providers=("anthropic",),
+        ),
+        AgentKindInfo(
+            "codex",
+            _CLI_OPTIONS | {
+                "sandbox", "max_retries", "request_max_retries", "stream_max_retries", "reasoning_effort",
+                "network_retry_limit",
+            },
+            can_resume=True, cli="codex", cli_variable="EVALSITE_CODEX_BIN", providers=("openai",),
+        ),
+        AgentKindInfo(
+            "gemini-cli", _CLI_OPTIONS | {"max_retries", "max_turns", "exclude_tools"},
+            cli="gemini", cli_variable="EVALSITE_GEMINI_BIN", providers=("gemini",),
+        ),
+        AgentKindInfo(
+            "opencode", _CLI_OPTIONS, cli="opencode", cli_variable="EVALSITE_OPENCODE_BIN",
+            providers=("openai",),
+        ),
+        AgentKindInfo(
+            "aider", _CLI_OPTIONS | {"edit_format", "map_tokens", "network_retry_limit"},
+            cli="aider", cli_variable="EVALSITE_AIDER_BIN", providers=("openai",),
+        ),
+    )
+}  # fmt: skip
 # The kind a task runs when no layer names one (coder-eval's default).
 DEFAULT_KIND = "claude-code"
 
-# The options each built-in kind reads (`runs_app.engine.agents.*` and the runner); any other key
-# under `agent` is an error naming the kinds it applies to. Every kind takes the common ones
-# (`model` too: an experiment's default model may reach a `none` or `oracle` variant).
-COMMON_OPTIONS = frozenset({"type", "model", "env", "secrets", "prices"})
-KIND_OPTIONS: dict[str, frozenset[str]] = {
-    "none": frozenset(),
-    "oracle": frozenset(),
-    "command": frozenset({"command", "script", "prompt_via"}),
-    "claude-code": frozenset(
-        {
-            "binary",
-            "permission_mode",
-            "allowed_tools",
-            "disallowed_tools",
-            "max_turns",
-            "append_system_prompt",
-            "system_prompt",
-            "system_prompt_file",
-            "include_partial_messages",
-            "max_budget_usd",
-            "max_retries",
-            "base_url",
-            "provider",
-            "region",
-            "project_id",
-            "extra_args",
-            # Still accepted without effect, as before: coder-eval's own examples set it, and
-            # mapping it onto the CLI is open work (noted on issue 11).
-            "sdk_options",
-        }
-    ),  # fmt: skip
-    "codex": frozenset(
-        {
-            "binary",
-            "sandbox",
-            "base_url",
-            "max_retries",
-            "request_max_retries",
-            "stream_max_retries",
-            "reasoning_effort",
-            "network_retry_limit",
-            "extra_args",
-        }
-    ),  # fmt: skip
-    "gemini-cli": frozenset(
-        {"binary", "base_url", "max_retries", "max_turns", "exclude_tools", "extra_args"}
-    ),
-    "opencode": frozenset({"binary", "base_url", "extra_args"}),
-    "aider": frozenset(
-        {"binary", "base_url", "edit_format", "map_tokens", "network_retry_limit", "extra_args"}
-    ),
-}
+# The tables the specs, the form and the engine read, all derived from KINDS.
+BUILTIN_KINDS = tuple(KINDS)
+KIND_OPTIONS = {name: kind.options for name, kind in KINDS.items()}
+AGENTLESS_KINDS = tuple(name for name, kind in KINDS.items() if not kind.has_trajectory)
+UNWATCHED_KINDS = tuple(name for name, kind in KINDS.items() if not kind.has_tool_calls)
+RESUMABLE_KINDS = tuple(name for name, kind in KINDS.items() if kind.can_resume)
+
+
+def kinds_reading(option: str) -> tuple[str, ...]:
+    """The built-in kinds that read `option`."""
+    return tuple(name for name, kind in KINDS.items() if option in kind.options)
 
 
 def plugin_entry_points() -> dict[str, EntryPoint]:

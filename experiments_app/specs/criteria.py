@@ -2,12 +2,15 @@
 
 Field names and parameters follow coder-eval (`coder_eval/criteria/*.py`); evalsite additions
 are marked "evalsite:". A task lists them under `success_criteria`; `Criterion` is the tagged
-union of every kind and `CRITERION_TYPES` their `type` values.
+union of every kind and `CRITERION_TYPES` their `type` values, derived from it.
+
+Adding a type: its model here (and in the union), its implementation in a family module of
+`runs_app.engine.criteria` (docs/criteria.md).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import jmespath
 from pydantic import Field, field_validator, model_validator
@@ -28,6 +31,8 @@ class BaseCriterion(SpecModel):
 
     # Criteria that read the agent's trajectory (meaningless without an agent).
     requires_agent: ClassVar[bool] = False
+    # Criteria whose grading asks a model (through the judge's gateway, under `budgets.judge`).
+    needs_model: ClassVar[bool] = False
 
     @property
     def is_gating(self) -> bool:
@@ -239,6 +244,7 @@ class ClassificationMatch(BaseCriterion):
 
 class LlmJudge(BaseCriterion):
     type: Literal["llm_judge"]
+    needs_model: ClassVar[bool] = True
     # Judges rarely give 1.0 even to excellent work (coder-eval's default).
     pass_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     enabled: bool = True
@@ -269,14 +275,15 @@ Criterion = Annotated[
     | LlmJudge,
     Field(discriminator="type"),
 ]
-CRITERION_TYPES = (
-    "file_exists",
-    "file_contains",
-    "file_matches_regex",
-    "file_check",
-    "json_check",
-    "run_command",
-    "command_executed",
-    "classification_match",
-    "llm_judge",
-)
+# The one list of criterion types: the union's members, by their `type` value. The engine's
+# implementations (`runs_app.engine.criteria`) must cover exactly these.
+CRITERION_MODELS: dict[str, type[BaseCriterion]] = {
+    get_args(model.model_fields["type"].annotation)[0]: model for model in get_args(get_args(Criterion)[0])
+}
+CRITERION_TYPES = tuple(CRITERION_MODELS)
+# Types whose grading asks a model (the judge's gateway and budget).
+MODEL_CRITERIA = frozenset(name for name, model in CRITERION_MODELS.items() if model.needs_model)
+
+
+def default_pass_threshold(criterion_type: str) -> float:
+    return float(CRITERION_MODELS[criterion_type].model_fields["pass_threshold"].default)

@@ -1,7 +1,8 @@
 """Pydantic models of evalsite's gates: checks evaluated when a run ends (no Django).
 
-An experiment lists them under `gates`; they decide evalrun's exit code. `runs_app.analysis.gates` judges
-them; `specs.ExperimentSpec` checks their variant names with `gate_issues`.
+An experiment lists them under `gates`; they decide evalrun's exit code.
+`runs_app.analysis.stats.gates` judges them; `specs.ExperimentSpec` checks their variant names
+with `gate_issues`.
 """
 
 from __future__ import annotations

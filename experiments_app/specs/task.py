@@ -335,7 +335,7 @@ class HooksSpec(SpecModel):
     suite: SuiteHooks | None = None
 
 
-# The answerers built in (`runs_app.engine.answerers`); packages add others with an entry point in
+# The answerers built in (`runs_app.engine.simulation.answerers`); packages add others with an entry point in
 # this group.
 BUILTIN_ANSWERERS = ("persona", "scripted")
 ANSWERER_ENTRY_POINT_GROUP = "evalsite.answerers"
@@ -347,7 +347,7 @@ def known_answerers() -> list[str]:
 
 
 # Agent kinds that can continue their session with the simulated user's reply.
-RESUMABLE_KINDS = ("claude-code", "codex", "command")
+RESUMABLE_KINDS = agent_kinds.RESUMABLE_KINDS
 
 
 class SimulationSpec(SpecModel):

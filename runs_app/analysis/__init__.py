@@ -1,9 +1,7 @@
-"""The numbers: what every page, report, export, the API and the gates show.
+"""The numbers and where they are read from and written to.
 
-Pure (no Django): `stats` (closed forms), `inference` (clustered intervals and the sign-flip
-test), `compare` (one comparison of arms against a baseline, over units), `notes` (its warnings),
-`planning` (detectable effects and sample sizes), `tally` (the pass-rate rule), `gates` (judging a run's
-facts) and `charts` (Plotly figure dicts). On the database: `load` (the SQL a comparison and the
-gates read), `reports` (Markdown, JSON, JUnit, HTML) and `exports` (the one trial-row shape,
-CSV / JSON streams).
+`stats/` is pure (no Django): the statistics and the comparison every page, report, export, the
+API and the gates show. On the database: `rollup` (the maintained tallies), `load` (the SQL a
+comparison and the gates read), `reports` (Markdown, JSON, JUnit, HTML), `exports` (the one
+trial-row shape, CSV / JSON streams) and `coder_eval_run` (a run as coder-eval's run folder).
 """

@@ -18,8 +18,9 @@ from typing import Any
 from evalsite.keyed_locks import Recent
 from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
-from runs_app.analysis.compare import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit, compare
-from runs_app.analysis.gates import RunFacts, VariantFacts, VersusFacts
+from runs_app.analysis.stats.compare import compare
+from runs_app.analysis.stats.comparison import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit
+from runs_app.analysis.stats.gates import RunFacts, VariantFacts, VersusFacts
 from runs_app.models import Run, UnitTally
 
 # --- loading ---------------------------------------------------------------------------------

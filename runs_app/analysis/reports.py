@@ -19,9 +19,10 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.loader import render_to_string
 
-from runs_app.analysis import charts, exports
-from runs_app.analysis.compare import ArmSummary, Comparison
+from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs
+from runs_app.analysis.stats import charts
+from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 from runs_app.models import CriterionResult, Run, Trial
 
 FORMATS = ("md", "json", "junit", "html")

@@ -19,12 +19,12 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Count, F, Max, Min, Q, Sum
 from django.db.models.functions import Collate
 
 from runs_app import written
-from runs_app.analysis.tally import AGENT_ERROR_CATEGORIES
+from runs_app.analysis.stats.tally import AGENT_ERROR_CATEGORIES
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
 
 UNIT_FIELDS = ("variant_id", "task_version_id", "dataset_row_id")
@@ -42,18 +42,11 @@ def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) ->
     """Count a trial that went from running to its final state: its unit's tally and the run's
     counts. The caller stored the outcome in this transaction and holds the run's row lock."""
     if run.tallied:  # else it is rolled up whole when first read (see ensure)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, criteria FROM runs_app_unittally "
-                "WHERE run_id = %s AND variant_id = %s AND task_version_id = %s AND dataset_row_id = %s",
-                [run.pk, trial.variant_id, trial.task_version_id, trial.dataset_row_id],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        found = written.unit_tally(run.pk, trial.variant_id, trial.task_version_id, trial.dataset_row_id)
+        if found is None:
             store(run, [trial.pk])
         else:
-            counts = UnitTally._meta.get_field("criteria").from_db_value(row[1], None, connection)
-            _add(row[0], counts, trial, criteria)
+            _add(*found, trial, criteria)
     _count_finished(run, trial.status)
 
 
@@ -92,16 +85,7 @@ def _add(tally_id: int, counts: dict, trial: Trial, criteria: Sequence[Criterion
             name = f"#{result.index + 1} {result.type}"
             passes, n = counts.get(name, (0, 0))
             counts[name] = [passes + bool(result.passed), n + 1]
-    added = ", ".join(f"{name} = {name} + %s" for name in ADDED_FIELDS)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE runs_app_unittally SET {added}, criteria = %s WHERE id = %s",
-            [
-                *share.values(),
-                UnitTally._meta.get_field("criteria").get_db_prep_save(counts, connection),
-                tally_id,
-            ],
-        )
+    written.add_to_tally(tally_id, share, counts)
 
 
 def _count_finished(run: Run, status: str) -> None:
@@ -109,13 +93,8 @@ def _count_finished(run: Run, status: str) -> None:
     queued ones counted again (a few rows of the index: at most the run's slots run at once)."""
     column = f"n_{Trial.Status(status)}"  # one of the run's count columns, never other text
     setattr(run, column, getattr(run, column) + 1)
-    # Written out, as the claim is (runner.py): the ORM spent a millisecond a trial on these two.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT COUNT(*) FROM runs_app_trial WHERE run_id = %s AND is_latest IN (%s) AND status = %s",
-            [run.pk, True, Trial.Status.RUNNING],
-        )
-        run.n_running = cursor.fetchone()[0]
+    # Written out (`written`), as the claim is: the ORM spent a millisecond a trial on these two.
+    run.n_running = written.running_trials(run.pk)
     run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
     run.tally_version += 1
     counts = {name: getattr(run, name) for name in (column, "n_running", "n_queued", "tally_version")}

@@ -1,8 +1,7 @@
 """The agent's phase of a trial: its gateway, its process (or the turns of a simulated
 conversation, each resuming the session), the live parsing of its output and the limits that
-stop it. `AgentPhase(execution).run()` returns the trial's outcome so far; grading follows.
-
-It works on its `TrialExecution` (`self.ex`): the trial's sandbox, recorder and lease.
+stop it. `AgentPhase(box, context).run()` returns an `AgentResult`: the trial's outcome so far and
+what grading reads of the agent's run; grading follows.
 """
 
 import dataclasses
@@ -15,35 +14,32 @@ from typing import Any
 
 from django.conf import settings
 
-from runs_app.engine import agents, answerers, conversation, criteria, gateway, roles, sandbox, workspace
+from runs_app.engine import agents, criteria, gateway, grading
 from runs_app.engine.agents import base as agent_base
-from runs_app.engine.agents.claude_code import DEFAULT_REGIONS
+from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.criteria import early_stop
+from runs_app.engine.gateway import roles
+from runs_app.engine.grading import AgentTrace
 from runs_app.engine.outcome import Outcome, TrialAborted
 from runs_app.engine.recording import redact
+from runs_app.engine.sandbox import Limits, Mount, Phase, ProcessResult, workspace
+from runs_app.engine.simulation import answerers, conversation
+from runs_app.engine.trial_sandbox import TrialSandbox
+from runs_app.engine.usage import Usage, budget_crossed, summed
 from runs_app.models import Trial, TrialEvent
 
 DEFAULT_TASK_TIMEOUT = 600
 MAX_PARSED_BYTES = 64 << 20
-# Model APIs the gateway serves: the worker's variables for the key and the endpoint, and the
-# endpoint used when none is set.
-MODEL_APIS = {
-    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
-    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
-    "gemini": ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"),
-    # Claude on Google Vertex AI / Amazon Bedrock (claude-code's `provider`): a bearer token each,
-    # at the region's endpoint.
-    "vertex": (
-        "VERTEX_ACCESS_TOKEN",
-        "ANTHROPIC_VERTEX_BASE_URL",
-        "https://{region}-aiplatform.googleapis.com/v1",
-    ),
-    "bedrock": (
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "ANTHROPIC_BEDROCK_BASE_URL",
-        "https://bedrock-runtime.{region}.amazonaws.com",
-    ),
-}
+
+
+@dataclass
+class AgentResult:
+    """How the agent's phase ended: the trial's outcome so far (graded next unless an error or a
+    cancel), what grading reads of the agent's run, and the seconds its processes ran."""
+
+    outcome: Outcome
+    trace: AgentTrace
+    process_seconds: float = 0.0
 
 
 @dataclass
@@ -54,10 +50,10 @@ class AgentRun:
     config: dict
     gateway: gateway.Gateway | None
     secrets: dict[str, str]
-    limits: sandbox.Limits
+    limits: Limits
     session: str = ""
     budget: str = ""  # a role's budget that ended the conversation ("answerer.max_usd")
-    turns: list[tuple[agent_base.AgentOutcome, sandbox.ProcessResult | None]] = field(default_factory=list)
+    turns: list[tuple[agent_base.AgentOutcome, ProcessResult | None]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -72,17 +68,15 @@ class AgentRun:
     def seconds(self) -> float:
         return sum(result.duration_seconds for _, result in self.turns if result is not None)
 
-    def add(
-        self, outcome: agent_base.AgentOutcome, result: sandbox.ProcessResult | None, session: str
-    ) -> None:
+    def add(self, outcome: agent_base.AgentOutcome, result: ProcessResult | None, session: str) -> None:
         self.turns.append((outcome, result))
         self.session = session or self.session
 
-    def usage_with(self, current: agent_base.Usage) -> agent_base.Usage:
+    def usage_with(self, current: Usage) -> Usage:
         """What the agent reported over its earlier turns, plus `current`."""
-        return agent_base.summed([*(outcome.usage for outcome, _ in self.turns), current])
+        return summed([*(outcome.usage for outcome, _ in self.turns), current])
 
-    def limits_now(self) -> sandbox.Limits:
+    def limits_now(self) -> Limits:
         """The task's wall clock covers the whole conversation, not each turn."""
         left = self.limits.wall_seconds - (time.monotonic() - self.started)
         return dataclasses.replace(self.limits, wall_seconds=max(1.0, left))
@@ -90,7 +84,7 @@ class AgentRun:
     def outcome(self) -> agent_base.AgentOutcome:
         """The whole run as one outcome: how the last turn ended, every turn's tool calls and
         usage (the gateway's count when it saw calls: it counted every turn)."""
-        usage = agent_base.summed([outcome.usage for outcome, _ in self.turns])
+        usage = summed([outcome.usage for outcome, _ in self.turns])
         if self.gateway is not None and self.gateway.calls:
             usage = self.gateway.totals()
         denials = [denial for outcome, _ in self.turns for denial in outcome.permission_denials]
@@ -98,7 +92,7 @@ class AgentRun:
             self.last, tool_calls=self.tool_calls, usage=usage, permission_denials=denials
         )
 
-    def result(self) -> sandbox.ProcessResult | None:
+    def result(self) -> ProcessResult | None:
         """How the last process ended, with every turn's output."""
         results = [result for _, result in self.turns if result is not None]
         if len(results) < 2:
@@ -129,11 +123,17 @@ class DiskWatch:
 
 
 class AgentPhase:
-    def __init__(self, execution: Any) -> None:
-        self.ex = execution  # the TrialExecution whose agent this runs
+    def __init__(self, box: TrialSandbox, context: TrialContext) -> None:
+        self.box = box
+        self.context = context
+        self.trace = AgentTrace()
+        self.process_seconds = 0.0
 
-    def run(self) -> Outcome:
-        kind_name = self.ex.agent_kind()
+    def run(self) -> AgentResult:
+        return AgentResult(self._outcome(), self.trace, self.process_seconds)
+
+    def _outcome(self) -> Outcome:
+        kind_name = self.context.agent_kind()
         try:
             kind = agents.get_agent(kind_name)
         except (agents.UnknownAgentKind, agents.AgentSetupError) as exc:
@@ -159,20 +159,16 @@ class AgentPhase:
             return None
         upstreams = []
         for api in apis:
-            key_name, url_name, default = MODEL_APIS[api]
-            base_url = (len(apis) == 1 and agent_config.get("base_url")) or os.environ.get(url_name)
-            default = default.format(region=agent_config.get("region") or DEFAULT_REGIONS.get(api, ""))
-            key, bearer = os.environ.get(key_name, ""), False
-            if not key and api == "anthropic" and os.environ.get("ANTHROPIC_AUTH_TOKEN"):
-                key, bearer = os.environ["ANTHROPIC_AUTH_TOKEN"], True
-            upstreams.append(gateway.Upstream(api, str(base_url or default), key, bearer))
-            if key:
-                self.ex.secret_values.append(key)
-        box = self.ex.config.get("sandbox") or {}
+            base_url = (len(apis) == 1 and agent_config.get("base_url")) or ""
+            upstream = gateway.upstream(api, os.environ, str(base_url), str(agent_config.get("region") or ""))
+            upstreams.append(upstream)
+            if upstream.key:
+                self.context.secret_values.append(upstream.key)
+        box = self.context.config.get("sandbox") or {}
         return gateway.Gateway(
-            gateway.socket_path_for(self.ex.root),
+            gateway.socket_path_for(self.box.root),
             upstreams,
-            limits=self.ex.config.get("run_limits") or {},
+            limits=self.context.config.get("run_limits") or {},
             prices=agent_config.get("prices"),
             allowed_hosts=list(box.get("allowed_hosts") or []),
         ).start()
@@ -184,16 +180,12 @@ class AgentPhase:
         model keys it holds, and the other agent secrets (AGENT_SECRET_NAMES) themselves."""
         values = {name: os.environ[name] for name in settings.AGENT_SECRET_NAMES if os.environ.get(name)}
         if model_gateway is not None:
-            for api in kind.apis(agent_config):
-                key_name, url_name, _ = MODEL_APIS[api]
-                values.pop(key_name, None)
-                values.pop(url_name, None)
-                if api == "anthropic":
-                    values.pop("ANTHROPIC_AUTH_TOKEN", None)  # the gateway holds it too
-                upstream = model_gateway.upstreams[api]
-                if upstream.key:  # a kind that needs a key still says which one is missing
-                    values[key_name] = gateway.PLACEHOLDER_KEY
-                values[url_name] = upstream.sandbox_url
+            apis = kind.apis(agent_config)
+            for name in gateway.worker_variables(apis):  # the gateway holds them
+                values.pop(name, None)
+            values |= gateway.sandbox_variables(
+                [model_gateway.upstreams[api] for api in apis], every_key=False
+            )
         return values
 
     def _run_agent_process(
@@ -208,13 +200,13 @@ class AgentPhase:
         run = AgentRun(kind, agent_config, model_gateway, box_secrets, self._agent_limits())
         simulation = self._simulation()
         if simulation is None:
-            failure = self._agent_turn(run, self.ex.trial.prompt)
+            failure = self._agent_turn(run, self.context.trial.prompt)
         else:
             failure = self._converse(run, simulation)
         if failure is not None:
             return failure
         agent = run.outcome()
-        self.ex.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
+        self.context.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
         outcome = self._agent_outcome(agent, run.result())
         if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
             outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
@@ -225,7 +217,7 @@ class AgentPhase:
         (`resume`, in the session the last turn reported). None when it ran (`run` holds how it
         ended), else the error that kept it from starting."""
         kind, model_gateway = run.kind, run.gateway
-        cwd, home = self.ex.paths.workspace, self.ex.paths.home
+        cwd, home = self.box.paths.workspace, self.box.paths.home
         try:
             if turn == 1:
                 invocation = kind.prepare(prompt, cwd, home, run.config, run.secrets)
@@ -237,18 +229,21 @@ class AgentPhase:
         if refused := _refused_secrets(invocation.secrets_needed):
             return refused
         secrets = {name: run.secrets[name] for name in invocation.secrets_needed if run.secrets.get(name)}
-        self.ex.secret_values += [value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY]
+        self.context.secret_values += [
+            value for value in secrets.values() if value != gateway.PLACEHOLDER_KEY
+        ]
         agent_base.write_files(invocation)
-        self.ex.give_workspace_to_sandbox()
+        self.box.give_workspace_to_sandbox()
         parser = kind.parser(run.config)
-        run_limits = self.ex.config.get("run_limits") or {}
+        run_limits = self.context.config.get("run_limits") or {}
         state: dict[str, Any] = {"limit": None, "parsed": 0, "parse_stopped": False}
-        watcher = early_stop.Watcher.for_config(self.ex.config)
+        watcher = early_stop.Watcher.for_config(self.context.config)
+        recorder = self.context.recorder
 
         def record_calls() -> None:
             if model_gateway is not None:
                 for call in model_gateway.drain():
-                    self.ex.recorder.add(TrialEvent.Kind.USAGE, call)
+                    recorder.add(TrialEvent.Kind.USAGE, call)
 
         def on_line(line: str) -> None:
             # A hostile agent may print gigabytes: past this much, lines are not parsed (the
@@ -257,47 +252,42 @@ class AgentPhase:
             if state["parsed"] > MAX_PARSED_BYTES:
                 if not state["parse_stopped"]:
                     state["parse_stopped"] = True
-                    self.ex.recorder.add(
-                        TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"}
-                    )
+                    recorder.add(TrialEvent.Kind.SYSTEM, {"text": "output too large: parsing stopped"})
                 return
             events = parser.feed_line(line)
             for event in events:
-                self.ex.recorder.add(event.kind, event.data)
+                recorder.add(event.kind, event.data)
             if state["limit"] is None:  # what the agent itself reports counts too, over every turn
-                state["limit"] = agent_base.budget_crossed(run.usage_with(parser.usage), run_limits)
+                state["limit"] = budget_crossed(run.usage_with(parser.usage), run_limits)
             if state["limit"] is None and any(e.kind in ("tool_call", "tool_result") for e in events):
                 calls = [*run.tool_calls, *parser.tool_calls]
                 state["limit"] = self._tool_call_limit(calls, run_limits, watcher)
 
-        disk = DiskWatch(
-            [self.ex.paths.workspace, self.ex.paths.home, self.ex.paths.tmp], self.ex.disk_bytes()
-        )
+        paths = self.box.paths
+        disk = DiskWatch([paths.workspace, paths.home, paths.tmp], self.box.caps.disk_bytes)
 
         def should_stop() -> str | None:
-            self.ex.recorder.flush_if_due()  # the agent's phase and what it printed
+            recorder.flush_if_due()  # the agent's phase and what it printed
             record_calls()
             if model_gateway is not None and state["limit"] is None:
                 state["limit"] = model_gateway.stop_reason()
             if state["limit"] is None and disk.exceeded():
                 state["limit"] = "disk"
-            return (
-                self.ex.heartbeat.stop_reason() or (state["limit"] and "budget") or (parser.fatal and "fatal")
-            )
+            lease = self.context.heartbeat.stop_reason() if self.context.heartbeat is not None else None
+            return lease or (state["limit"] and "budget") or (parser.fatal and "fatal")
 
         result = None
         if invocation.argv is not None:
-            result = self.ex.sandboxed(
+            result = self.box.run(
                 invocation.argv,
                 limits=run.limits_now(),
-                secrets=secrets,
-                extra={**self._mock_path(), **invocation.env_extra},
+                env={**secrets, **self._mock_path(), **invocation.env_extra},
                 mounts=self._agent_mounts(run.config),
                 via=model_gateway,
                 stdin=invocation.stdin,
                 on_stdout_line=on_line,
                 should_stop=should_stop,
-                # Output is acted on as it comes (see sandbox.run_process); the clock is for the
+                # Output is acted on as it comes (see sandbox.process.run); the clock is for the
                 # rest: cancel, a lost lease, the gateway's budget, the disk. A tenth of a second
                 # cost a worker of 256 agents a core in wakeups.
                 poll_interval=1.0,
@@ -310,11 +300,11 @@ class AgentPhase:
         if state["limit"] is None and result is not None:
             state["limit"] = _resource_limit(result)
         run.add(kind.finish(result, parser, limit_hit=state["limit"]), result, parser.session_id)
-        self.ex.agent_process_seconds = run.seconds
+        self.process_seconds = run.seconds
         return None
 
     def _simulation(self) -> dict | None:
-        simulation = self.ex.config.get("simulation") or {}
+        simulation = self.context.config.get("simulation") or {}
         return simulation if simulation.get("enabled") else None
 
     def _converse(self, run: "AgentRun", simulation: dict) -> Outcome | None:
@@ -328,7 +318,7 @@ class AgentPhase:
         if not run.kind.can_resume:
             return Outcome(
                 Trial.Status.ERROR, "setup",
-                f"agent kind {self.ex.agent_kind()} cannot resume a session, which a simulation needs",
+                f"agent kind {self.context.agent_kind()} cannot resume a session, which a simulation needs",
             )  # fmt: skip
         client = None
         if answerer.needs_model:
@@ -336,14 +326,14 @@ class AgentPhase:
                 _, upstream = roles.endpoint(os.environ, "EVALSITE_ANSWERER_PROVIDER")
             except roles.ModelCallError as exc:
                 return Outcome(Trial.Status.ERROR, "setup", f"the {name} answerer cannot call a model: {exc}")
-            self.ex.secret_values.append(upstream.key)
+            self.context.secret_values.append(upstream.key)
             client = roles.RoleClient(
-                "answerer", self.ex.root / "answerer.sock", upstream, self.ex.budget("answerer")
+                "answerer", self.box.root / "answerer.sock", upstream, self.context.budget("answerer")
             )
         details = {
             **simulation,
             "model": simulation.get("model") or os.environ.get("EVALSITE_ANSWERER_MODEL") or None,
-            "description": self.ex.config.get("description") or "",
+            "description": self.context.config.get("description") or "",
         }
         failures: list[Outcome] = []
 
@@ -359,16 +349,16 @@ class AgentPhase:
 
         try:
             ending = conversation.converse(
-                details, self.ex.trial.prompt or None, take_turn, answerer, client, self.ex.recorder.add,
-                passed_now=lambda: self._passes_now(run), tokens_used=tokens_used,
+                details, self.context.trial.prompt or None, take_turn, answerer, client,
+                self.context.recorder.add, passed_now=lambda: self._passes_now(run), tokens_used=tokens_used,
             )  # fmt: skip
         finally:
             if client is not None:
                 client.close()
-                self.ex.account(client)
-        self.ex.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
-        self.ex.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
-        self.ex.conversation_end = {"reason": ending.reason, "turns": ending.turns}
+                self.context.account(client)
+        self.context.recorder.add(TrialEvent.Kind.SYSTEM, ending.event())
+        self.trace.dialog = [{"role": m.role, "text": m.text} for m in ending.messages]
+        self.trace.conversation_end = {"reason": ending.reason, "turns": ending.turns}
         if failures:
             return failures[0]
         if ending.error:
@@ -378,10 +368,9 @@ class AgentPhase:
 
     def _passes_now(self, run: "AgentRun") -> bool:
         """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
-        self.ex.agent = run.outcome()
-        probe = Outcome(Trial.Status.RUNNING)
-        self.ex.grade(probe)
-        return probe.status == Trial.Status.PASSED
+        agent = run.outcome()
+        trace = dataclasses.replace(self.trace, tool_calls=agent.tool_calls, final_text=agent.final_text)
+        return grading.passes_now(self.box, self.context, trace)
 
     def _tool_call_limit(
         self, calls: list[dict], run_limits: dict, watcher: early_stop.Watcher | None
@@ -392,51 +381,53 @@ class AgentPhase:
         if most is not None and len(calls) > most:
             return "max_tool_calls"
         if watcher is not None and (stop := watcher.observe(criteria.graded_calls(calls))):
-            self.ex.early_stop = stop
-            self.ex.recorder.add(TrialEvent.Kind.SYSTEM, stop.event())
+            self.trace.early_stop = stop
+            self.context.recorder.add(TrialEvent.Kind.SYSTEM, stop.event())
             return "early_stop"
         return None
 
-    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: sandbox.ProcessResult | None) -> Outcome:
-        self.ex.agent = agent
+    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: ProcessResult | None) -> Outcome:
+        self.trace.tool_calls, self.trace.final_text = agent.tool_calls, agent.final_text
+        secret_values = self.context.secret_values
         cap = settings.AGENT_OUTPUT_CAP_BYTES
         outcome = Outcome(
             Trial.Status.RUNNING,
             visible_turns=len(agent.tool_calls) + (1 if agent.final_text else 0),
             usage=agent.usage,
             exit_code=agent.exit_code,
-            stdout=redact(result.stdout[:cap], self.ex.secret_values) if result else "",
-            stderr=redact(result.stderr[:cap], self.ex.secret_values) if result else "",
+            stdout=redact(result.stdout[:cap], secret_values) if result else "",
+            stderr=redact(result.stderr[:cap], secret_values) if result else "",
         )
         if agent.status == agent_base.CANCELLED or (result and result.stop_reason == "lease_lost"):
             lost = result is not None and result.stop_reason == "lease_lost"
-            stopped = self.ex.stopped("lease_lost" if lost else "cancelled")
-            outcome.status = stopped.status
-            outcome.error_category, outcome.error_message = stopped.error_category, stopped.error_message
+            ended = stopped("lease_lost" if lost else "cancelled")
+            outcome.status = ended.status
+            outcome.error_category, outcome.error_message = ended.error_category, ended.error_message
             return outcome
         if agent.status == agent_base.ERROR:
             outcome.status = Trial.Status.ERROR
             outcome.error_category = agent.error_category or "agent_error"
-            outcome.error_message = redact(agent.error or "the agent failed", self.ex.secret_values)
+            outcome.error_message = redact(agent.error or "the agent failed", secret_values)
         elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
-            outcome.stopped_early = self.ex.early_stop.reason
+            outcome.stopped_early = self.trace.early_stop.reason if self.trace.early_stop else "early_stop"
         elif agent.status == agent_base.LIMIT:
             outcome.timed_out = agent.limit == "timeout"
             outcome.budget_exceeded = "" if agent.limit == "timeout" else (agent.limit or "")
         return outcome
 
     def _agent_config(self) -> dict:
-        config = dict(self.ex.config.get("agent") or {})
-        row = f"/{self.ex.trial.dataset_row_id}" if self.ex.trial.dataset_row_id else ""
-        config["task_id"] = self.ex.trial.task_version.task.slug + row
-        reference = self.ex.reference_dir()
+        trial = self.context.trial
+        config = dict(self.context.config.get("agent") or {})
+        row = f"/{trial.dataset_row_id}" if trial.dataset_row_id else ""
+        config["task_id"] = trial.task_version.task.slug + row
+        reference = self.box.reference_dir()
         if reference is not None:
             config["reference_path"] = str(reference)
-        max_turns = (self.ex.config.get("run_limits") or {}).get("max_turns")
+        max_turns = (self.context.config.get("run_limits") or {}).get("max_turns")
         if max_turns and "max_turns" not in config:
             config["max_turns"] = max_turns
         if config.get("script"):
-            bundle_dir, yaml_dir = self.ex.origin("agent.script")
+            bundle_dir, yaml_dir = self.box.origin("agent.script")
             script = (bundle_dir / yaml_dir / config["script"]).resolve()
             if not script.is_relative_to(bundle_dir.resolve()) or not script.is_file():
                 raise TrialAborted("setup", f"agent.script {config['script']!r} is not a file in the bundle")
@@ -448,41 +439,34 @@ class AgentPhase:
                 config["command"] = command.replace("{script}", str(script))
         if config.get("system_prompt_file"):
             # coder-eval: the file's text is the system prompt (the two are mutually exclusive).
-            bundle_dir, yaml_dir = self.ex.origin("agent.system_prompt_file")
+            bundle_dir, yaml_dir = self.box.origin("agent.system_prompt_file")
             prompt_file = (bundle_dir / yaml_dir / config.pop("system_prompt_file")).resolve()
             if not prompt_file.is_relative_to(bundle_dir.resolve()) or not prompt_file.is_file():
                 raise TrialAborted("setup", "agent.system_prompt_file is not a file in the bundle")
             config["system_prompt"] = prompt_file.read_text(encoding="utf-8")
         return config
 
-    def _agent_limits(self) -> sandbox.Limits:
-        run_limits = self.ex.config.get("run_limits") or {}
-        box = (self.ex.config.get("sandbox") or {}).get("limits") or {}
+    def _agent_limits(self) -> Limits:
+        run_limits = self.context.config.get("run_limits") or {}
+        box = (self.context.config.get("sandbox") or {}).get("limits") or {}
         wall = float(run_limits.get("task_timeout") or DEFAULT_TASK_TIMEOUT)
         if box.get("timeout"):  # the sandbox's own hard limit, when a layer sets one
             wall = min(wall, float(box["timeout"]))
-        return sandbox.Limits(
-            wall_seconds=wall,
-            cpu_seconds=int(wall * 4),
-            memory_bytes=self.ex.memory_bytes(),
-            max_processes=box.get("max_pids") or 512,
-            max_file_bytes=1 << 30,
-            stdout_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES * 4,
-            stderr_cap_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
-        )
+        return self.box.limits(Phase.AGENT, wall)
 
-    def _agent_mounts(self, agent_config: dict) -> list[sandbox.Mount]:
+    def _agent_mounts(self, agent_config: dict) -> list[Mount]:
         """The agent's script (agent.script), read-only: nothing else of the bundles."""
         script = agent_config.get("script_path")
-        return [sandbox.Mount(Path(script))] if script else []
+        return [Mount(Path(script))] if script else []
 
     def _mock_path(self) -> dict[str, str]:
         """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
         executables first on the agent's PATH (missing folders are skipped, as there)."""
         dirs = []
-        for relative in (self.ex.config.get("sandbox") or {}).get("mock_path_dirs") or []:
-            folder = (self.ex.paths.workspace / relative).resolve()
-            if not folder.is_relative_to(self.ex.paths.workspace.resolve()) or not folder.is_dir():
+        workspace_dir = self.box.paths.workspace
+        for relative in (self.context.config.get("sandbox") or {}).get("mock_path_dirs") or []:
+            folder = (workspace_dir / relative).resolve()
+            if not folder.is_relative_to(workspace_dir.resolve()) or not folder.is_dir():
                 continue
             for entry in folder.iterdir():
                 if entry.is_file() and not entry.is_symlink():
@@ -493,7 +477,7 @@ class AgentPhase:
         return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
 
 
-def _resource_limit(result: sandbox.ProcessResult) -> str | None:
+def _resource_limit(result: ProcessResult) -> str | None:
     """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
     if result.memory_exhausted:
         return "memory"

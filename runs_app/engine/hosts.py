@@ -6,16 +6,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from experiments_app.specs.agent_kinds import KINDS, AgentKindInfo
 from runs_app.engine.agents.base import find_cli
 
-# (agent kind, program, the variable that may point to it): the model CLIs the kinds drive.
-AGENT_CLIS = (
-    ("claude-code", "claude", "EVALSITE_CLAUDE_BIN"),
-    ("codex", "codex", "EVALSITE_CODEX_BIN"),
-    ("gemini-cli", "gemini", "EVALSITE_GEMINI_BIN"),
-    ("opencode", "opencode", "EVALSITE_OPENCODE_BIN"),
-    ("aider", "aider", "EVALSITE_AIDER_BIN"),
-)
+# The model CLIs the kinds drive.
+AGENT_CLIS: tuple[AgentKindInfo, ...] = tuple(kind for kind in KINDS.values() if kind.cli)
 
 
 def agent_versions(cache_file: Path) -> dict[str, str]:
@@ -30,24 +25,22 @@ def agent_versions(cache_file: Path) -> dict[str, str]:
     except (OSError, ValueError):
         cache = {}
     versions, fresh = {}, {}
-    for kind, program, env_var in AGENT_CLIS:
-        binary, _missing = find_cli(kind, program, {}, env_var)
+    for kind in AGENT_CLIS:
+        binary, _missing = find_cli(kind.name, kind.cli, {}, kind.cli_variable)
         if binary is None:
             continue
         real = os.path.realpath(binary)
         stat = os.stat(real)
         key = f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
-        versions[kind] = fresh[key] = cache.get(key) or _ask_version(binary)
+        versions[kind.name] = fresh[key] = cache.get(key) or _ask_version([binary, *kind.version_args])
     if fresh != cache:
         _write_atomically(cache_file, json.dumps(fresh))
     return versions
 
 
-def _ask_version(binary: str) -> str:
+def _ask_version(argv: list[str]) -> str:
     try:
-        done = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     lines = (done.stdout.strip() or done.stderr.strip()).splitlines()

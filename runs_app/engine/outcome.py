@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from runs_app.engine.agents import base as agent_base
+from runs_app.engine.usage import Usage
 
 
 class TrialAborted(Exception):
@@ -24,7 +24,7 @@ class Outcome:
     stopped_early: str = ""
     visible_turns: int = 0
     trajectory: dict | None = None
-    usage: agent_base.Usage = field(default_factory=agent_base.Usage)
+    usage: Usage = field(default_factory=Usage)
     exit_code: int | None = None
     stdout: str = ""
     stderr: str = ""

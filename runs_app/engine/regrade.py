@@ -6,15 +6,18 @@ The trial's `post_run` commands run after grading, as coder-eval's `evaluate` ru
 
 from __future__ import annotations
 
-import copy
 import io
 import tarfile
 import time
 from pathlib import Path
 
-from runs_app.engine import agents, environments, sandbox, workspace
-from runs_app.engine.agents import base as agent_base
-from runs_app.engine.runner import Outcome, TrialAborted, TrialExecution
+from runs_app.engine import grading
+from runs_app.engine.context import TrialContext
+from runs_app.engine.grading import AgentTrace
+from runs_app.engine.outcome import Outcome, TrialAborted
+from runs_app.engine.runner import experiment_of, run_steps
+from runs_app.engine.sandbox import SandboxError, WorkspaceError, environments
+from runs_app.engine.trial_sandbox import TrialSandbox
 from runs_app.models import Trial
 
 WORKER = "evaluate"
@@ -47,33 +50,30 @@ def regrade(
 ) -> tuple[Outcome, list[tuple[str, dict]]]:
     """The outcome of grading `trial` (whose run ended) with `success_criteria`, and the events
     of doing so; nothing is saved."""
-    again = copy.copy(trial)
-    again.config = {**trial.config, "success_criteria": success_criteria}
-    runner = TrialExecution(again, WORKER)
-    runner.recorder = kept = KeptEvents()
+    config = {**trial.config, "success_criteria": success_criteria}
+    kept = KeptEvents()
+    context = TrialContext(trial, config, kept, heartbeat=None)
+    box = TrialSandbox(trial, config, lambda: None)
     started = time.perf_counter()
     outcome = Outcome(Trial.Status.RUNNING, stopped_early=trial.stopped_early)
     try:
-        runner.prepare()
+        box.open(experiment_of(trial.run_id))
         if artifact is not None:
-            restore_workspace(artifact, runner.paths.workspace)
-        runner._provide_venv()
-        runner.give_workspace_to_sandbox()
+            restore_workspace(artifact, box.paths.workspace)
+        box.provide_environment()
+        box.give_workspace_to_sandbox()
         trajectory = trial.trajectory or {}
-        runner.agent = agent_base.AgentOutcome(
-            status=agent_base.COMPLETED,
-            usage=agents.Usage(),
-            exit_code=trial.agent_exit_code,
-            final_text=trajectory.get("final_text", ""),
+        trace = AgentTrace(
             tool_calls=trajectory.get("tool_calls", []),
+            final_text=trajectory.get("final_text", ""),
+            dialog=trajectory.get("dialog", []),
         )
-        runner.dialog = trajectory.get("dialog", [])
-        runner.grade(outcome)
-        runner.run_steps("post_run", fatal=False)
-    except (TrialAborted, workspace.WorkspaceError, sandbox.SandboxError, environments.InstallError) as exc:
+        grading.grade(box, context, trace, outcome)
+        run_steps(box, context, "post_run", fatal=False)
+    except (TrialAborted, WorkspaceError, SandboxError, environments.InstallError) as exc:
         outcome.status, outcome.error_category, outcome.error_message = Trial.Status.ERROR, "setup", str(exc)
     finally:
-        runner.cleanup()
+        box.cleanup()
     outcome.timings = {"grading": time.perf_counter() - started}
     return outcome, kept.events
 
@@ -97,4 +97,4 @@ def restore_workspace(artifact: bytes, target: Path) -> None:
         with tarfile.open(fileobj=io.BytesIO(artifact), mode="r:gz") as tar:
             tar.extractall(target, filter=keep)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise workspace.WorkspaceError(f"the trial's artifact cannot be unpacked: {exc}") from None
+        raise WorkspaceError(f"the trial's artifact cannot be unpacked: {exc}") from None

@@ -27,7 +27,6 @@ import shutil
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -39,8 +38,17 @@ from django.utils import timezone
 
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
-from runs_app.engine import sandbox, workspace
 from runs_app.engine.bundle_cache import bundle_blob
+from runs_app.engine.sandbox import (
+    Mount,
+    Phase,
+    ProcessResult,
+    Sandbox,
+    SandboxPaths,
+    phase_limits,
+    workspace,
+)
+from runs_app.engine.trial_sandbox import host_caps, host_folder, open_host_sandbox
 from runs_app.models import Run
 
 logger = logging.getLogger(__name__)
@@ -87,7 +95,8 @@ class SuiteHolder(threading.Thread):
         self.run_id, self.worker = run_id, worker
         self.on_ready, self.on_failed = on_ready, on_failed
         self.token = secrets.token_hex(8)
-        self.paths: workspace.SandboxPaths | None = None
+        self.box: Sandbox | None = None
+        self.paths: SandboxPaths | None = None
         self.steps: dict[str, list[dict]] = {}
         self.failures: list[str] = []
         self.seen: list[str] = []  # the driver's markers so far
@@ -103,8 +112,8 @@ class SuiteHolder(threading.Thread):
             if not self.setup_done.is_set():
                 self._failed(f"the suite could not be set up: {type(exc).__name__}: {exc}")
         finally:
-            if self.paths is not None:
-                workspace.cleanup(self.paths.root)
+            if self.box is not None:
+                self.box.cleanup()
             self._owned().filter(suite_status=Run.Suite.READY).update(suite_status=Run.Suite.TORN_DOWN)
             close_old_connections()
 
@@ -112,7 +121,8 @@ class SuiteHolder(threading.Thread):
         run = Run.objects.get(pk=self.run_id)
         hooks = suite_of(run.config)
         self.steps = {phase: list(hooks.get(phase) or []) for phase in ("setup", "teardown")}
-        self.paths = self._folder(run)
+        self.box = self._open(run)
+        self.paths = self.box.started
         Run.objects.filter(pk=self.run_id, suite_owner=self.worker).update(
             suite_dir=str(self.paths.workspace)
         )
@@ -120,20 +130,10 @@ class SuiteHolder(threading.Thread):
             "EVALSITE_SUITE_TOKEN": self.token, "EVALSITE_SUITE_DIR": str(self.paths.workspace),
             "EVALSITE_RUN_ID": str(self.run_id),
         }  # fmt: skip
-        result = sandbox.run_process(
+        result = self.box.exec(
             ["/bin/sh", "-c", _driver(self.steps, self.paths.workspace / TRIGGER)],
-            cwd=self.paths.workspace,
-            env=sandbox.build_env(
-                home=self.paths.home, tmpdir=self.paths.tmp, allowlist=sandbox.DEFAULT_ENV_ALLOWLIST,
-                secrets={}, extra=extra,
-            ),
-            limits=sandbox.Limits(
-                wall_seconds=7 * 24 * 3600, memory_bytes=settings.SANDBOX_MEMORY_MB << 20, max_processes=512,
-                max_file_bytes=1 << 30,
-            ),
-            mounts=[sandbox.Mount(self.paths.home, writable=True)],
-            tmp=self.paths.tmp,
-            stage_root=Path(settings.SANDBOX_ROOT) / "runtimes",
+            env=extra,
+            limits=phase_limits(Phase.SUITE, host_caps({}), 0),
             on_stdout_line=self._marker,
             should_stop=self._tick,
             poll_interval=1.0,
@@ -147,13 +147,13 @@ class SuiteHolder(threading.Thread):
         self._owned().update(suite_lease_expires_at=None)
         live.publish(self.run_id)
 
-    def _folder(self, run: Run) -> workspace.SandboxPaths:
-        """The suite's folder: the experiment's files (its YAML's folder) in its workspace, which
+    def _open(self, run: Run) -> Sandbox:
+        """The suite's sandbox: the experiment's files (its YAML's folder) in its workspace, which
         every trial of the run may read."""
-        token = uuid.uuid4().hex[:8]
-        root = Path(settings.TRIAL_ROOT) / f"suite-{run.pk}-a{run.suite_attempt}-{token}"
-        Path(settings.TRIAL_ROOT).mkdir(parents=True, exist_ok=True)
-        paths = workspace.layout(root)
+        box = open_host_sandbox(host_folder(f"suite-{run.pk}-a{run.suite_attempt}"))
+        paths = box.started
+        box.shared.append(Mount(paths.home, writable=True))
+        root = paths.root
         experiment = (run.config or {}).get("experiment") or {}
         if experiment.get("bundle"):
             bundle = root / "experiment"
@@ -164,7 +164,7 @@ class SuiteHolder(threading.Thread):
         if paths.uid is not None:
             workspace.chown_tree(paths.workspace, paths.uid, paths.uid)
         _readable_by_all(paths.workspace)  # the trials' sandbox uids read it (never write)
-        return paths
+        return box
 
     # --- what the driver says, and the clock ------------------------------------------------------
 
@@ -274,7 +274,7 @@ def _readable_by_all(folder: Path) -> None:
                 os.chmod(path, stat.S_IMODE(mode) | (0o755 if stat.S_ISDIR(mode) else 0o644))
 
 
-def _how(result: sandbox.ProcessResult) -> str:
+def _how(result: ProcessResult) -> str:
     if result.timed_out:
         return " (it ran out of time)"
     if result.signal:

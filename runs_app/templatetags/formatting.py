@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from django import template
 
-from runs_app.analysis import tally
+from runs_app.analysis.stats import tally
 
 register = template.Library()
 

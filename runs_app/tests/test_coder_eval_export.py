@@ -10,8 +10,8 @@ from django.core.management import CommandError, call_command
 from runs_app.importers.coder_eval import import_coder_eval_run
 from runs_app.launching import launch_run
 from runs_app.models import Trial
-from runs_app.tests.engine.test_runner_worker import wait_for_run
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+from runs_app.tests.workers import wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs_app import control
 from runs_app.analysis import rollup
-from runs_app.engine import leases, runner
+from runs_app.engine import leases, runner, trial_sandbox
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tests.factories import launched_smoke_run
@@ -207,7 +207,7 @@ def test_a_starting_worker_sweeps_the_trial_folders_nobody_runs(run, settings, t
         (folder / "workspace").mkdir(parents=True)
     (tmp_path / "runtimes").mkdir()
 
-    assert runner.sweep_sandboxes() == 2
+    assert trial_sandbox.sweep_sandboxes() == 2
 
     assert kept.exists() and (tmp_path / "runtimes").exists()
     assert not any(folder.exists() for folder in gone)

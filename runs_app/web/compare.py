@@ -19,9 +19,10 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
 from experiments_app.models import Experiment
-from runs_app.analysis import charts, exports
-from runs_app.analysis.compare import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison
+from runs_app.analysis import exports
 from runs_app.analysis.load import comparison, loaded
+from runs_app.analysis.stats import charts
+from runs_app.analysis.stats.comparison import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison
 from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
 from runs_app.web.runs import get_run_for_user

@@ -14,8 +14,8 @@ from evalsite.keyed_locks import Recent
 from experiments_app.models import Variant
 from experiments_app.specs import agent_kinds
 from runs_app.analysis import rollup
-from runs_app.analysis.compare import ArmSummary
 from runs_app.analysis.load import comparison
+from runs_app.analysis.stats.comparison import ArmSummary
 from runs_app.models import Run, Trial, TrialEvent, UnitTally
 
 # The lists a team's viewers all load (home, runs, experiments), computed at most once a second

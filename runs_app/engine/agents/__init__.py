@@ -1,17 +1,19 @@
 """Agent kinds, found by name: the implementation behind each name of the one kind registry
-(`experiments_app.specs.agent_kinds`: the built-ins plus the ``evalsite.agents`` entry points).
+(`experiments_app.specs.agent_kinds`: a descriptor row per built-in kind, plus the
+``evalsite.agents`` entry points).
 
-One module per built-in kind: a command line plus a parser of its output (no Django).
+One module per built-in kind, named after it (`claude-code`: `claude_code.py`): a command line
+plus a parser of its output (no Django).
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import EntryPoint
 
 from experiments_app.specs import agent_kinds
-from experiments_app.specs.agent_kinds import ENTRY_POINT_GROUP, known_kinds
+from experiments_app.specs.agent_kinds import ENTRY_POINT_GROUP, KINDS, known_kinds
 
-from .aider import AiderAgent
 from .base import (
     AgentEvent,
     AgentInvocation,
@@ -19,28 +21,8 @@ from .base import (
     AgentOutcome,
     AgentSetupError,
     UnknownAgentKind,
-    Usage,
-    budget_crossed,
     write_files,
 )
-from .claude_code import ClaudeCodeAgent
-from .codex import CodexAgent
-from .command import CommandAgent
-from .gemini_cli import GeminiCliAgent
-from .none import NoneAgent
-from .opencode import OpencodeAgent
-from .oracle import OracleAgent
-
-BUILTIN_KINDS: dict[str, type[AgentKind]] = {
-    "none": NoneAgent,
-    "oracle": OracleAgent,
-    "command": CommandAgent,
-    "claude-code": ClaudeCodeAgent,
-    "codex": CodexAgent,
-    "gemini-cli": GeminiCliAgent,
-    "opencode": OpencodeAgent,
-    "aider": AiderAgent,
-}
 
 __all__ = [
     "AgentEvent",
@@ -49,16 +31,22 @@ __all__ = [
     "AgentOutcome",
     "AgentSetupError",
     "UnknownAgentKind",
-    "Usage",
-    "budget_crossed",
     "get_agent",
     "known_kinds",
     "write_files",
 ]
 
 
-if set(BUILTIN_KINDS) != set(agent_kinds.BUILTIN_KINDS):
-    raise ImportError("every built-in agent kind of experiments_app.specs.agent_kinds needs its module here")
+def _implementation(name: str) -> type[AgentKind]:
+    """The class of a built-in kind: the AgentKind of its module whose `info` is the kind's row."""
+    module = importlib.import_module(f"{__name__}.{KINDS[name].module}")
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, AgentKind) and value.info is KINDS[name]:
+            return value
+    raise ImportError(f"{module.__name__} defines no AgentKind with info = KINDS[{name!r}]")
+
+
+BUILTIN_KINDS: dict[str, type[AgentKind]] = {name: _implementation(name) for name in KINDS}
 
 
 def get_agent(kind: str) -> AgentKind:

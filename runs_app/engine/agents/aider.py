@@ -28,11 +28,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runs_app.engine.prices import model_prices
+from experiments_app.specs.agent_kinds import KINDS
+from experiments_app.specs.providers import PROVIDERS
+from runs_app.engine.usage import estimate_cost, model_prices
 
-from .base import AgentEvent, AgentInvocation, AgentKind, BaseParser, estimate_cost, require_cli
+from .base import (
+    AgentEvent,
+    AgentInvocation,
+    AgentKind,
+    BaseParser,
+    require_cli,
+)
 
-API_KEY = "OPENAI_API_KEY"
+API_KEY = PROVIDERS["openai"].key_variable
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-5.5"
 ENV = {
@@ -69,13 +77,13 @@ BANNER = (
 
 
 class AiderAgent(AgentKind):
-    name = "aider"
-    model_apis = ("openai",)
+    info = KINDS["aider"]
+    name = info.name
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary = require_cli("aider", "aider", "EVALSITE_AIDER_BIN", API_KEY, config, secrets)
+        binary = require_cli(self.info, API_KEY, config, secrets)
         model = f"openai/{config.get('model') or DEFAULT_MODEL}"
         base_url = config.get("base_url") or secrets.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         state = home / ".aider"

@@ -19,9 +19,12 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from experiments_app.specs.agent_kinds import AgentKindInfo
+from runs_app.engine.usage import Usage
 
 EVENT_KINDS = ("message", "tool_call", "tool_result", "usage", "error", "system", "output")
 
@@ -51,31 +54,6 @@ class UnknownAgentKind(ValueError):
 class AgentEvent:
     kind: str
     data: dict[str, Any]
-
-
-@dataclass
-class Usage:
-    """Token usage and cost, normalised across CLIs.
-
-    ``input_tokens`` counts input tokens NOT read from the cache (Anthropic's meaning). Codex reports
-    input including cached tokens; its parser subtracts them so both CLIs add up the same way.
-    ``cost_usd`` is None when neither the stream nor a price table gives a cost.
-    """
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-    cost_usd: float | None = None
-    turns: int = 0
-    reasoning_tokens: int = 0  # informational: already included in output_tokens
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_tokens": self.total_tokens}
 
 
 @dataclass
@@ -193,12 +171,23 @@ class AgentKind:
     """Base class of agent kinds. ``finish`` classifies the end; kinds whose stream has a terminal
     line set ``needs_final_line``."""
 
+    # A built-in kind's row of the registry (`agent_kinds.KINDS`): its model APIs and whether it
+    # can resume come from there. A plugin kind sets `model_apis` and `can_resume` itself.
+    info: AgentKindInfo | None = None
     name = ""
     # A CLI whose stream ends with a result line: exiting without that line is an error.
     needs_final_line = False
-    # The model APIs the kind calls ("anthropic", "openai"): the runner gives it the trial's
-    # gateway for them (placeholder keys, the gateway's URLs), which counts every call.
-    model_apis: tuple[str, ...] = ()
+
+    @property
+    def model_apis(self) -> tuple[str, ...]:
+        """The model APIs the kind calls ("anthropic", "openai"): the runner gives it the trial's
+        gateway for them (placeholder keys, the gateway's URLs), which counts every call."""
+        return self.info.providers if self.info is not None else ()
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether `resume` continues the agent's session with a new message (simulations)."""
+        return self.info.can_resume if self.info is not None else False
 
     def apis(self, config: Mapping[str, Any]) -> tuple[str, ...]:
         """The model APIs this run of the kind calls (a kind's options may pick another one)."""
@@ -217,9 +206,6 @@ class AgentKind:
     def parser(self, config: Mapping[str, Any] | None = None) -> BaseParser:
         """A fresh parser for one run; ``config`` is the same agent config ``prepare`` got."""
         raise NotImplementedError
-
-    # Whether `resume` continues the agent's session with a new message (simulated conversations).
-    can_resume = False
 
     def resume(
         self,
@@ -316,52 +302,6 @@ def clip(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"… [{len(text) - limit} more characters]"
 
 
-def budget_crossed(usage: Usage, limits: Mapping[str, Any]) -> str | None:
-    """Name of the first run limit crossed by `usage`, else None: the one rule for budgets,
-    used by the gateway on every model call and by the runner on every parsed line.
-
-    `max_input_tokens` counts cache reads / writes only with `count_cached_input` /
-    `count_cache_creation`; `max_total_tokens` counts every token; `max_turns` model calls.
-    """
-    inputs = usage.input_tokens
-    inputs += usage.cache_read_tokens if limits.get("count_cached_input") else 0
-    inputs += usage.cache_creation_tokens if limits.get("count_cache_creation") else 0
-    checks = (
-        ("max_total_tokens", usage.total_tokens),
-        ("max_input_tokens", inputs),
-        ("max_output_tokens", usage.output_tokens),
-        ("max_usd", usage.cost_usd),
-        ("max_turns", usage.turns),
-    )
-    for name, used in checks:
-        cap = limits.get(name)
-        if cap is not None and used is not None and used > cap:
-            return name
-    return None
-
-
-def summed(usages: list[Usage]) -> Usage:
-    """Several runs' usage added up (a conversation's turns); the cost stays None when none had one."""
-    total = Usage()
-    for usage in usages:
-        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens", "turns",
-                     "reasoning_tokens"):  # fmt: skip
-            setattr(total, name, getattr(total, name) + getattr(usage, name))
-        if usage.cost_usd is not None:
-            total.cost_usd = (total.cost_usd or 0.0) + usage.cost_usd
-    return total
-
-
-def estimate_cost(usage: Usage, prices: Mapping[str, float]) -> float:
-    """USD from per-million-token prices: ``input``, ``output``, ``cache_write``, ``cache_read``."""
-    return (
-        usage.input_tokens * prices.get("input", 0.0)
-        + usage.output_tokens * prices.get("output", 0.0)
-        + usage.cache_creation_tokens * prices.get("cache_write", 0.0)
-        + usage.cache_read_tokens * prices.get("cache_read", 0.0)
-    ) / 1_000_000
-
-
 def write_files(invocation: AgentInvocation) -> None:
     """Write ``files_to_write`` (the runner calls this after building the sandbox)."""
     for name, content in invocation.files_to_write.items():
@@ -430,15 +370,16 @@ def find_cli(
 
 
 def require_cli(
-    kind: str, program: str, env_var: str, api_key: str, config: Mapping[str, Any], secrets: Mapping[str, str]
+    info: AgentKindInfo | None, api_key: str, config: Mapping[str, Any], secrets: Mapping[str, str]
 ) -> str:
-    """The path of a model CLI (see ``find_cli``), once both it and its API key are there.
+    """The path of a kind's model CLI (see ``find_cli``), once both it and its API key are there.
 
     Raises ``AgentSetupError`` naming every problem at once: what to install and which key to set.
     """
-    binary, problem = find_cli(kind, program, config, env_var)
+    assert info is not None and info.cli  # a built-in kind that drives a CLI
+    binary, problem = find_cli(info.name, info.cli, config, info.cli_variable)
     problems = [problem] if problem else []
-    problems += require_secrets(kind, [api_key], secrets)
+    problems += require_secrets(info.name, [api_key], secrets)
     raise_problems(problems)
     assert binary is not None  # find_cli returns a path or a problem
     return binary

@@ -26,21 +26,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs import providers
+from experiments_app.specs.agent_kinds import KINDS
+from runs_app.engine.usage import Usage, estimate_cost
+
 from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
     AgentSetupError,
     BaseParser,
-    Usage,
     clip,
-    estimate_cost,
     prompt_fits_argv,
     require_cli,
 )
 
 DEFAULT_ALLOWED_TOOLS = ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]
-API_KEY = "ANTHROPIC_API_KEY"
+API_KEY = providers.PROVIDERS["anthropic"].key_variable
 SYNTHETIC_MODEL = "<synthetic>"
 
 # List prices in USD per million tokens (input, output), used only for the live cost estimate
@@ -71,36 +73,32 @@ def model_prices(model: str) -> dict[str, float] | None:
     return None
 
 
-# `provider`: where Claude runs -> (the gateway's API, the worker's key for it). On Vertex and
-# Bedrock the CLI skips its own cloud auth: the gateway adds the bearer token.
-PROVIDERS = {
-    "anthropic": ("anthropic", API_KEY),
-    "vertex": ("vertex", "VERTEX_ACCESS_TOKEN"),
-    "bedrock": ("bedrock", "AWS_BEARER_TOKEN_BEDROCK"),
-}
-DEFAULT_REGIONS = {"vertex": "us-east5", "bedrock": "us-east-1"}
+# `provider`: where Claude runs (a provider of the table). On Vertex and Bedrock the CLI skips
+# its own cloud auth: the gateway adds the bearer token.
+CLAUDE_PROVIDERS = ("anthropic", "vertex", "bedrock")
 
 
 class ClaudeCodeAgent(AgentKind):
-    name = "claude-code"
-    model_apis = ("anthropic",)
+    info = KINDS["claude-code"]
+    name = info.name
     needs_final_line = True
 
     def apis(self, config: Mapping[str, Any]) -> tuple[str, ...]:
-        return (PROVIDERS.get(str(config.get("provider") or "anthropic"), PROVIDERS["anthropic"])[0],)
+        provider = str(config.get("provider") or "anthropic")
+        return (provider if provider in CLAUDE_PROVIDERS else "anthropic",)
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
         provider = str(config.get("provider") or "anthropic")
-        if provider not in PROVIDERS:
+        if provider not in CLAUDE_PROVIDERS:
             raise AgentSetupError(
-                f"claude-code: provider must be one of {', '.join(PROVIDERS)}, not {provider!r}"
+                f"claude-code: provider must be one of {', '.join(CLAUDE_PROVIDERS)}, not {provider!r}"
             )
         if provider == "vertex" and not config.get("project_id"):
             raise AgentSetupError("claude-code: provider vertex needs project_id (the Google Cloud project)")
-        key = PROVIDERS[provider][1]
-        binary = require_cli("claude-code", "claude", "EVALSITE_CLAUDE_BIN", key, config, secrets)
+        key = providers.PROVIDERS[provider].key_variable
+        binary = require_cli(self.info, key, config, secrets)
         on_argv = prompt_fits_argv(prompt)
         argv = [binary, "-p", prompt] if on_argv else [binary, "-p"]
         argv += claude_options(config)
@@ -115,8 +113,6 @@ class ClaudeCodeAgent(AgentKind):
 
     def parser(self, config: Mapping[str, Any] | None = None) -> ClaudeStreamParser:
         return ClaudeStreamParser(prices=(config or {}).get("prices"))
-
-    can_resume = True
 
     def resume(
         self,
@@ -175,7 +171,7 @@ def claude_env(config: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[st
         DISABLE_ERROR_REPORTING="1",
     )
     provider = str(config.get("provider") or "anthropic")
-    region = str(config.get("region") or DEFAULT_REGIONS.get(provider, ""))
+    region = str(config.get("region") or providers.PROVIDERS[provider].default_region)
     if provider == "vertex":
         env.update(CLAUDE_CODE_USE_VERTEX="1", CLAUDE_CODE_SKIP_VERTEX_AUTH="1", CLOUD_ML_REGION=region,
                    ANTHROPIC_VERTEX_PROJECT_ID=str(config.get("project_id") or ""))  # fmt: skip

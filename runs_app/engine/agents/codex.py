@@ -25,6 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs.agent_kinds import KINDS
+from experiments_app.specs.providers import PROVIDERS
+from runs_app.engine.usage import estimate_cost
+
 from .base import (
     AgentEvent,
     AgentInvocation,
@@ -32,12 +36,11 @@ from .base import (
     AgentSetupError,
     BaseParser,
     clip,
-    estimate_cost,
     prompt_fits_argv,
     require_cli,
 )
 
-API_KEY = "OPENAI_API_KEY"
+API_KEY = PROVIDERS["openai"].key_variable
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PROVIDER = "evalsite"
 # The tool name given to shell commands, the same as Claude Code's, so a `command_executed`
@@ -48,16 +51,14 @@ TOOL_ITEMS = ("command_execution", "file_change", "mcp_tool_call", "web_search")
 
 
 class CodexAgent(AgentKind):
-    name = "codex"
-    model_apis = ("openai",)
+    info = KINDS["codex"]
+    name = info.name
     needs_final_line = True
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
         return self._invocation(prompt, None, home, config, secrets)
-
-    can_resume = True
 
     def resume(
         self,
@@ -82,7 +83,7 @@ class CodexAgent(AgentKind):
     ) -> AgentInvocation:
         """`codex exec`, or `codex exec resume SESSION` (which takes the sandbox as a config value:
         it has no --sandbox option)."""
-        binary = require_cli("codex", "codex", "EVALSITE_CODEX_BIN", API_KEY, config, secrets)
+        binary = require_cli(self.info, API_KEY, config, secrets)
         sandbox = str(config.get("sandbox") or "workspace-write")
         if session is None:
             argv = [binary, "exec", "--json", "--skip-git-repo-check", "--sandbox", sandbox]

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs.agent_kinds import KINDS
+
 from .base import (
     AgentEvent,
     AgentInvocation,
@@ -38,8 +40,8 @@ PROMPT_FILE = "PROMPT.md"
 
 
 class CommandAgent(AgentKind):
-    name = "command"
-    model_apis = ("anthropic", "openai")
+    info = KINDS["command"]
+    name = info.name
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
@@ -68,8 +70,6 @@ class CommandAgent(AgentKind):
 
     def parser(self, config: Mapping[str, Any] | None = None) -> CommandParser:
         return CommandParser()
-
-    can_resume = True
 
     def resume(
         self,

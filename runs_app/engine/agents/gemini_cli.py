@@ -27,21 +27,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runs_app.engine.prices import model_prices
+from experiments_app.specs.agent_kinds import KINDS
+from experiments_app.specs.providers import PROVIDERS
+from runs_app.engine.usage import Usage, estimate_cost, model_prices
 
 from .base import (
     AgentEvent,
     AgentInvocation,
     AgentKind,
     BaseParser,
-    Usage,
     clip,
-    estimate_cost,
     prompt_fits_argv,
     require_cli,
 )
 
-API_KEY = "GEMINI_API_KEY"
+API_KEY = PROVIDERS["gemini"].key_variable
 BASE_URL = "GOOGLE_GEMINI_BASE_URL"
 # The shell tool's name as criteria see it: Claude Code's, as for Codex, so `tool_name: Bash`
 # matches every CLI's shell commands.
@@ -52,14 +52,14 @@ ERROR_CATEGORIES = {"FatalTurnLimitedError": "max_turns"}
 
 
 class GeminiCliAgent(AgentKind):
-    name = "gemini-cli"
-    model_apis = ("gemini",)
+    info = KINDS["gemini-cli"]
+    name = info.name
     needs_final_line = True
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary = require_cli("gemini-cli", "gemini", "EVALSITE_GEMINI_BIN", API_KEY, config, secrets)
+        binary = require_cli(self.info, API_KEY, config, secrets)
         on_argv = prompt_fits_argv(prompt)
         # -p "" with the prompt on stdin: the CLI appends stdin to -p's text.
         argv = [binary, "-p", prompt if on_argv else "", "-o", "stream-json", "--yolo"]

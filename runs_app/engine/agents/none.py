@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs.agent_kinds import KINDS
+
 from .base import AgentEvent, AgentInvocation, AgentKind, BaseParser
 
 
@@ -17,7 +19,8 @@ class SilentParser(BaseParser):
 
 
 class NoneAgent(AgentKind):
-    name = "none"
+    info = KINDS["none"]
+    name = info.name
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runs_app.engine.prices import model_prices
+from experiments_app.specs.agent_kinds import KINDS
+from experiments_app.specs.providers import PROVIDERS
+from runs_app.engine.usage import estimate_cost, model_prices
 
 from .base import (
     AgentEvent,
@@ -36,12 +38,11 @@ from .base import (
     AgentKind,
     BaseParser,
     clip,
-    estimate_cost,
     prompt_fits_argv,
     require_cli,
 )
 
-API_KEY = "OPENAI_API_KEY"
+API_KEY = PROVIDERS["openai"].key_variable
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-5.5"
 PROVIDER = "evalsite"
@@ -70,14 +71,14 @@ PLUGIN = "@opencode-ai/plugin"
 
 
 class OpencodeAgent(AgentKind):
-    name = "opencode"
-    model_apis = ("openai",)
+    info = KINDS["opencode"]
+    name = info.name
     needs_final_line = True
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> AgentInvocation:
-        binary = require_cli("opencode", "opencode", "EVALSITE_OPENCODE_BIN", API_KEY, config, secrets)
+        binary = require_cli(self.info, API_KEY, config, secrets)
         model = str(config.get("model") or DEFAULT_MODEL)
         on_argv = prompt_fits_argv(prompt)
         argv = [binary, "run", "--format", "json", "--title", "evalsite", "-m", f"{PROVIDER}/{model}"]

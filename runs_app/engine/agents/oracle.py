@@ -11,12 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs.agent_kinds import KINDS
+
 from .base import AgentInvocation, AgentKind, AgentSetupError
 from .none import SilentParser
 
 
 class OracleAgent(AgentKind):
-    name = "oracle"
+    info = KINDS["oracle"]
+    name = info.name
 
     def prepare(
         self, prompt: str, workspace: Path, home: Path, config: Mapping[str, Any], secrets: Mapping[str, str]

@@ -16,34 +16,26 @@ Rules (coder-eval's unless noted):
 2. The trial's score is the weight-averaged score; 0.0 when the weights sum to 0.
 3. The trial passes when every gating criterion passes (so an all-informational task passes).
 4. evalsite: a criterion that crashes (bad parameters, unknown type, a sandbox or judge
-   failure, a plugin exception) sets GradeResult.error: the trial is `error`, not `failed`.
+   failure) sets GradeResult.error: the trial is `error`, not `failed`.
    A check that merely does not hold (missing file, wrong exit code) is a failure, score 0.
 5. Paths are relative to the workspace; absolute paths and `..` are configuration errors, and
    a symlink leading outside the workspace fails the check.
 
-Third-party criteria come from the `evalsite.criteria` entry-point group. The entry point's
-name is the criterion type; it loads an object (a module, an instance, or a class that is
-instantiated without arguments) with:
-    evaluate(params: dict, ctx: GradingContext) -> tuple[float, dict]
-        score in [0, 1] (clamped; not a finite number is an error) and JSON-serialisable
-        details. Raise to report an error. `params` is the criterion without the common fields.
-    check_params(params: dict) -> None        (optional) raise CriterionConfigError or ValueError.
-    default_pass_threshold: float             (optional, default 0.9)
-A bare function is taken as `evaluate`, with an optional `check_params` attribute. Built-in
-types cannot be replaced; a plugin that fails to load makes its type a configuration error.
+The types are the spec's (`experiments_app.specs.criteria.CRITERION_TYPES`): each has its model
+there and its implementation in one family module here (`files`, `commands`, `judge`); the
+engine refuses to start when the two lists differ.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import dataclasses
 import json
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
+from experiments_app.specs.criteria import CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
 from runs_app.engine.criteria import commands, files, judge
 from runs_app.engine.criteria.base import (
     CommandOutcome,
@@ -57,7 +49,6 @@ from runs_app.engine.criteria.commands import graded_calls
 from runs_app.engine.criteria.suite import SuiteRollup, suite_passed, suite_rollup
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
     "CommandOutcome",
     "CriterionConfigError",
     "CriterionResult",
@@ -68,6 +59,7 @@ __all__ = [
     "check_params",
     "grade",
     "graded_calls",
+    "needs_model",
     "registry",
     "suite_passed",
     "suite_rollup",
@@ -75,11 +67,19 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ENTRY_POINT_GROUP = "evalsite.criteria"
 COMMON_FIELDS = {"type", "description", "weight", "pass_threshold", "gating", "suite_thresholds"}
 # Scores like 0.1 + 0.2 + 0.6 must not miss a 0.9 threshold by a rounding error.
 EPSILON = 1e-9
-BUILTINS = {kind.name: kind for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA]}
+# Each family's types, with the spec's default threshold.
+BUILTINS = {
+    kind.name: dataclasses.replace(kind, default_pass_threshold=default_pass_threshold(kind.name))
+    for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA]
+}
+if set(BUILTINS) != set(CRITERION_TYPES):
+    raise ImportError(
+        f"criterion types without an implementation: {sorted(set(CRITERION_TYPES) - set(BUILTINS))}; "
+        f"without a spec: {sorted(set(BUILTINS) - set(CRITERION_TYPES))}"
+    )
 
 
 @dataclass
@@ -93,40 +93,14 @@ class GradeResult:
 # ---------------------------------------------------------------- registry
 
 
-def _plugin_type(name: str, obj: object) -> CriterionType:
-    if inspect.isclass(obj):
-        obj = obj()
-    evaluate = getattr(obj, "evaluate", None) or (obj if callable(obj) else None)
-    if not callable(evaluate):
-        raise TypeError("it has no evaluate(params, ctx) function")
-    check = getattr(obj, "check_params", None) or (lambda params: None)
-    threshold = getattr(obj, "default_pass_threshold", 0.9)
-    return CriterionType(name, check, evaluate, threshold)
-
-
-def _broken_type(name: str, source: str, exc: Exception) -> CriterionType:
-    message = f"criterion type {name!r} comes from plugin {source}, which failed to load: {exc}"
-
-    def refuse(params: dict) -> None:
-        raise CriterionConfigError(message)
-
-    return CriterionType(name, refuse, lambda params, ctx: refuse(params))
-
-
-@functools.cache
 def registry() -> dict[str, CriterionType]:
-    """Built-in criteria plus plugins from the entry-point group (loaded once per process)."""
-    kinds = dict(BUILTINS)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name in BUILTINS:
-            logger.warning("ignoring plugin %s: %r is a built-in criterion type", entry.value, entry.name)
-            continue
-        try:
-            kinds[entry.name] = _plugin_type(entry.name, entry.load())
-        except Exception as exc:
-            logger.exception("criterion plugin %s failed to load", entry.value)
-            kinds[entry.name] = _broken_type(entry.name, entry.value, exc)
-    return kinds
+    """Every criterion type, by name."""
+    return BUILTINS
+
+
+def needs_model(criterion: Mapping) -> bool:
+    """Whether grading this criterion asks a model (the judge's gateway and budget)."""
+    return criterion.get("type") in MODEL_CRITERIA
 
 
 # ---------------------------------------------------------------- parameters
@@ -189,7 +163,7 @@ def check_params(criterion: Mapping) -> None:
         kind.check_params(_params(criterion))
     except CriterionConfigError:
         raise
-    # A plugin may report bad parameters with a plain ValueError or TypeError.
+    # A check may report bad parameters with a plain ValueError or TypeError.
     except (ValueError, TypeError) as exc:
         raise CriterionConfigError(f"{kind.name}: {exc}") from exc
 

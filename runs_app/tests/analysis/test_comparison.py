@@ -11,7 +11,8 @@ import pytest
 from django.urls import reverse
 
 from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
-from runs_app.analysis import charts, compare, exports, inference, load, rollup, stats
+from runs_app.analysis import exports, load, rollup
+from runs_app.analysis.stats import charts, compare, inference, intervals
 from runs_app.models import CriterionResult, Run, Trial
 
 pytestmark = pytest.mark.django_db
@@ -151,9 +152,9 @@ def test_it_compares_over_paired_units_with_the_sign_flip_test():
     assert versus.delta == pytest.approx(versus.arm_rate - versus.baseline_rate) == pytest.approx(0.2)
     assert versus.test == "sign-flip, exact"
     # With one repeat the sign-flip test is McNemar's exact test.
-    assert versus.p_value == stats.mcnemar_exact(2, 1) == 1.0 and versus.p_holm == 1.0
+    assert versus.p_value == intervals.mcnemar_exact(2, 1) == 1.0 and versus.p_holm == 1.0
     # Newcombe's paired interval is the floor: the hull contains it.
-    _, low, high = stats.newcombe_paired_interval(2, 2, 1, 0)
+    _, low, high = intervals.newcombe_paired_interval(2, 2, 1, 0)
     assert versus.low <= low and versus.high >= high
     # One trial a side is no evidence that a unit changed: nothing is listed.
     assert versus.improved == [] and versus.regressed == []

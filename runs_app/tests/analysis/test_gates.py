@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from experiments_app.definitions import ImportFailed, import_experiment, import_tasks
 from experiments_app.specs import ExperimentSpec
 from runs_app import control
-from runs_app.analysis.gates import (
+from runs_app.analysis.stats.gates import (
     RunFacts,
     VariantFacts,
     VersusFacts,

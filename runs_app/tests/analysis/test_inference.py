@@ -10,8 +10,8 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats as scipy_stats
 
-from runs_app.analysis import compare, inference, stats
-from runs_app.analysis.simulation import Design, comparison_data, validity
+from runs_app.analysis.stats import compare, inference, intervals
+from runs_app.analysis.stats.simulation import Design, comparison_data, validity
 
 # --- against references --------------------------------------------------------------------------
 
@@ -42,7 +42,7 @@ def test_a_rate_is_the_hull_of_the_t_interval_and_the_floor_on_the_effective_sam
     got = inference.rate_interval(units, range(10))
     main = inference.ratio_interval([p / n for p, n in units], [1] * 10, range(10))
     effective = got.estimate * (1 - got.estimate) / main.se**2
-    floor = stats.wilson_cc_interval(got.estimate, effective, scipy_stats.t.ppf(0.975, 9))
+    floor = intervals.wilson_cc_interval(got.estimate, effective, scipy_stats.t.ppf(0.975, 9))
     assert got.low == pytest.approx(max(0, min(main.low, floor[0])))
     assert got.high == pytest.approx(min(1, max(main.high, floor[1])))
 
@@ -50,7 +50,7 @@ def test_a_rate_is_the_hull_of_the_t_interval_and_the_floor_on_the_effective_sam
 def test_a_rate_at_the_edge_keeps_a_width_from_its_clusters():
     got = inference.rate_interval([(3, 3)] * 12, range(12))
     # Every unit passed: the floor is the continuity-corrected Wilson for 12/12 at t(11).
-    expected = stats.wilson_cc_interval(1.0, 12, scipy_stats.t.ppf(0.975, 11))
+    expected = intervals.wilson_cc_interval(1.0, 12, scipy_stats.t.ppf(0.975, 11))
     assert (got.estimate, got.low, got.high) == pytest.approx((1.0, *expected))
     assert got.low < 0.8
 
@@ -80,7 +80,9 @@ def test_the_sign_flip_test_is_mcnemars_with_one_repeat():
         variant_only = sum(1 for b, a in pairs if a and not b)
         baseline_only = sum(1 for b, a in pairs if b and not a)
         p_value, exact = inference.sign_flip_p(baseline, arm, range(len(pairs)))
-        assert exact and p_value == pytest.approx(stats.mcnemar_exact(variant_only, baseline_only), abs=1e-12)
+        assert exact and p_value == pytest.approx(
+            intervals.mcnemar_exact(variant_only, baseline_only), abs=1e-12
+        )
 
 
 def test_the_sign_flip_test_matches_brute_force_enumeration_with_repeats():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from runs_app.analysis import planning
-from runs_app.analysis.simulation import Design, comparison_data, true_values, validity
+from runs_app.analysis.stats import planning
+from runs_app.analysis.stats.simulation import Design, comparison_data, true_values, validity
 
 
 def test_the_detectable_effect_is_the_t_formula_over_the_unit_variance():

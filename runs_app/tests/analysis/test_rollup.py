@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from runs_app import control
 from runs_app.analysis import load, rollup
-from runs_app.analysis.compare import Cell
+from runs_app.analysis.stats.comparison import Cell
 from runs_app.engine import runner
 from runs_app.models import CriterionResult, Run, Trial, UnitTally
 from runs_app.tests.factories import assert_tallies_match, launched_smoke_run

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from runs_app.engine.sandbox import launcher
+from runs_app.engine.sandbox.process import launcher
 
 NOBODY = 65534
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
@@ -17,8 +17,9 @@ def nobody_worker(folder: Path, code: str, **env: str) -> subprocess.CompletedPr
     copied where that user can read it (the checkout may sit in a 0700 folder)."""
     package = folder / "lib" / "runs_app" / "engine"
     package.mkdir(parents=True)
-    for name in ("__init__.py", "sandbox.py", "bubblewrap.py", "containment.py", "workspace.py"):
+    for name in ("__init__.py", "native.py"):
         shutil.copy(ENGINE / name, package / name)
+    shutil.copytree(ENGINE / "sandbox", package / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
     (package.parent / "__init__.py").write_text("")
     (folder / "lib" / ".build").mkdir()
     shutil.copy(launcher(), folder / "lib" / ".build" / "evalsite-launch")

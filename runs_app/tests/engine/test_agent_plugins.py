@@ -13,8 +13,8 @@ from experiments_app.definitions import ImportFailed, import_tasks
 from experiments_app.specs import agent_kinds
 from runs_app.launching import launch_run
 from runs_app.models import Trial
-from runs_app.tests.engine.test_runner_worker import wait_for_run
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+from runs_app.tests.workers import wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,7 +139,7 @@ def test_the_api_accepts_a_plugin_kind_for_every_variant(plugin, tmp_path, clien
 ANSWERER_PLUGIN = '''
 """A plugin answerer: tells the agent which word to write, then ends the conversation."""
 
-from runs_app.engine.answerers import Answerer, Reply
+from runs_app.engine.simulation.answerers import Answerer, Reply
 
 
 class Dictator(Answerer):

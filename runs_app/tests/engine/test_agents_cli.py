@@ -20,8 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from runs_app.engine.agents import AgentSetupError, budget_crossed, get_agent, write_files
+from runs_app.engine.agents import AgentSetupError, get_agent, write_files
 from runs_app.engine.agents.base import PROJECT_ROOT, AgentInvocation, BaseParser
+from runs_app.engine.usage import budget_crossed
 from runs_app.tests.mock_servers import (
     AnthropicMock,
     HttpError,

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from runs_app.engine.agents import AgentSetupError, Usage, budget_crossed, get_agent, write_files
+from runs_app.engine.agents import AgentSetupError, get_agent, write_files
 from runs_app.engine.agents.command import CommandParser
+from runs_app.engine.usage import Usage, budget_crossed
 
 
 def process(code: int = 0, **fields) -> SimpleNamespace:

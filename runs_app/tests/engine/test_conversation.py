@@ -3,12 +3,12 @@ role gateway that counts and budgets the answerer's and the judge's model calls.
 
 import pytest
 
-from runs_app.engine import answerers, roles
-from runs_app.engine.answerers import Message
-from runs_app.engine.conversation import TurnEnd, converse
 from runs_app.engine.criteria.base import GradingContext
 from runs_app.engine.criteria.judge import build_prompt, dialog_text
-from runs_app.engine.gateway import Upstream
+from runs_app.engine.gateway import Upstream, roles
+from runs_app.engine.simulation import answerers
+from runs_app.engine.simulation.answerers import Message
+from runs_app.engine.simulation.conversation import TurnEnd, converse
 from runs_app.tests.mock_servers import AnthropicMock, Turn, text
 
 

@@ -1,5 +1,5 @@
 """Grading: every criterion type passes, fails and rejects bad parameters; weights, thresholds,
-gating, errors, plugins, the judge over both wire formats, and dataset suite thresholds."""
+gating, errors, the one list of types, the judge over both wire formats, and dataset suite thresholds."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import os
 import re
 import subprocess
 from dataclasses import asdict
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
+from experiments_app.specs.criteria import CRITERION_TYPES
 from runs_app.engine import criteria
 from runs_app.engine.criteria import (
     CommandOutcome,
@@ -27,13 +27,6 @@ from runs_app.engine.criteria import (
 from runs_app.tests.judge_stub import JudgeStub
 
 # ---------------------------------------------------------------- helpers
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry():
-    criteria.registry.cache_clear()
-    yield
-    criteria.registry.cache_clear()
 
 
 def sandbox_runner(workspace: Path):
@@ -744,82 +737,18 @@ def test_it_keeps_grading_after_a_crash_and_reports_the_error(tmp_path):
     json.dumps(asdict(result))  # everything a result holds can be stored as JSON
 
 
-# ---------------------------------------------------------------- plugins
+# ---------------------------------------------------------------- the one list of types
 
 
-class HalfCriterion:
-    """A third-party criterion: scores 0.5, or `fixed` when given."""
-
-    default_pass_threshold = 0.4
-
-    def check_params(self, params: dict) -> None:
-        if set(params) - {"fixed"}:
-            raise ValueError(f"unexpected {sorted(set(params) - {'fixed'})}")
-
-    def evaluate(self, params: dict, ctx: GradingContext) -> tuple[float, dict]:
-        if params.get("fixed") == "boom":
-            raise RuntimeError("plugin exploded")
-        return params.get("fixed", 0.5), {"workspace": ctx.workspace}
+def test_every_type_of_the_spec_has_an_implementation_and_no_other_type_does():
+    assert set(criteria.registry()) == set(CRITERION_TYPES)
+    # Defaults come from the spec's models: the judge's threshold is coder-eval's 0.7.
+    assert criteria.registry()["llm_judge"].default_pass_threshold == 0.7
+    assert criteria.registry()["file_exists"].default_pass_threshold == 0.9
 
 
-def count_tool_calls(params: dict, ctx: GradingContext) -> tuple[float, dict]:
-    """A third-party criterion written as a bare function."""
-    return min(1.0, len(ctx.tool_calls) / params["expected"]), {"seen": len(ctx.tool_calls)}
-
-
-def _require_expected(params: dict) -> None:
-    if not isinstance(params.get("expected"), int):
-        raise CriterionConfigError("count_tool_calls: 'expected' must be an integer")
-
-
-count_tool_calls.check_params = _require_expected
-
-
-def use_plugins(monkeypatch, *entries: tuple[str, str]) -> None:
-    points = [EntryPoint(name=name, value=value, group=criteria.ENTRY_POINT_GROUP) for name, value in entries]
-    monkeypatch.setattr(
-        criteria, "entry_points", lambda group: points if group == criteria.ENTRY_POINT_GROUP else []
-    )
-
-
-def test_it_grades_criteria_from_entry_points(tmp_path, monkeypatch):
-    use_plugins(monkeypatch, ("half", "runs_app.tests.engine.test_criteria:HalfCriterion"))
-    result = grade_one({"type": "half"}, make_ctx(tmp_path))
-    assert (result.score, result.pass_threshold, result.passed) == (0.5, 0.4, True)
-    assert result.details == {"workspace": str(tmp_path)}
-    with pytest.raises(CriterionConfigError, match="half: unexpected \\['colour'\\]"):
-        check_params({"type": "half", "colour": "red"})
-
-
-def test_it_grades_a_plugin_written_as_a_bare_function(tmp_path, monkeypatch):
-    use_plugins(monkeypatch, ("count_tool_calls", "runs_app.tests.engine.test_criteria:count_tool_calls"))
-    ctx = make_ctx(tmp_path, tool_calls=[bash("ls")])
-    result = grade_one({"type": "count_tool_calls", "expected": 2}, ctx)
-    assert (result.score, result.details, result.pass_threshold) == (0.5, {"seen": 1}, 0.9)
-    with pytest.raises(CriterionConfigError, match="'expected' must be an integer"):
-        check_params({"type": "count_tool_calls"})
-
-
-def test_it_makes_a_crashing_or_lying_plugin_an_error(tmp_path, monkeypatch):
-    use_plugins(monkeypatch, ("half", "runs_app.tests.engine.test_criteria:HalfCriterion"))
-    crashed = grade([{"type": "half", "fixed": "boom"}], make_ctx(tmp_path))
-    assert crashed.error == "criterion 1 (half): RuntimeError: plugin exploded"
-    nan = grade([{"type": "half", "fixed": float("nan")}], make_ctx(tmp_path))
-    assert "not a finite number" in nan.error
-
-
-def test_it_reports_a_plugin_that_fails_to_load(tmp_path, monkeypatch):
-    use_plugins(
-        monkeypatch,
-        ("ghost", "runs_app.tests.no_such_module:Ghost"),
-        ("file_exists", "runs_app.tests.engine.test_criteria:HalfCriterion"),
-    )
-    with pytest.raises(
-        CriterionConfigError, match="plugin runs_app.tests.no_such_module:Ghost, which failed"
-    ):
-        check_params({"type": "ghost"})
-    # A plugin cannot replace a built-in type.
-    assert criteria.registry()["file_exists"] is criteria.BUILTINS["file_exists"]
+def test_only_the_judge_needs_a_model():
+    assert [name for name in CRITERION_TYPES if criteria.needs_model({"type": name})] == ["llm_judge"]
 
 
 # ---------------------------------------------------------------- dataset suite thresholds

@@ -155,8 +155,8 @@ def test_armed_criteria_and_max_tool_calls_stop_real_agents_at_the_deciding_call
 ):
     from runs_app.launching import launch_run
     from runs_app.models import Trial, TrialEvent
-    from runs_app.tests.engine.test_runner_worker import wait_for_run
     from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+    from runs_app.tests.workers import wait_for_run
 
     for slug, (criteria, limits, lines) in CASES.items():
         then = "sleep 1; echo late > out.txt" if slug == "disarmed" else "sleep 8; echo late > out.txt"

@@ -7,13 +7,14 @@ import json
 import pytest
 
 from conftest import WorkerProcess, purge_broker
-from runs_app.engine.agents.base import Usage
-from runs_app.engine.gateway import PLACEHOLDER_KEY, Call, _UsageReader
+from runs_app.engine.gateway import PLACEHOLDER_KEY, Call
+from runs_app.engine.gateway.proxy import _UsageReader
+from runs_app.engine.usage import Usage
 from runs_app.launching import launch_run
 from runs_app.models import Trial, TrialEvent
-from runs_app.tests.engine.test_runner_worker import wait_for_run
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
 from runs_app.tests.mock_servers import OpenAIMock
+from runs_app.tests.workers import wait_for_run
 
 REAL_KEY = "sk-test-real-openai-key-0123456789"
 

@@ -13,8 +13,8 @@ from conftest import WorkerProcess, wait_for
 from experiments_app.specs.loading import load_tasks
 from runs_app.launching import launch_run
 from runs_app.models import Run, Trial, TrialEvent
-from runs_app.tests.engine.test_runner_worker import SLOW_AGENT, wait_for_run
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+from runs_app.tests.workers import SLOW_AGENT, wait_for_run
 
 TASK = """
 task_id: {slug}

@@ -19,7 +19,7 @@ from runs_app import control
 from runs_app.engine import bundle_cache, leases, recording, runner
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial, TrialEvent, Worker
-from runs_app.tests.engine.test_runner_worker import small_suite, wait_for_run
+from runs_app.tests.workers import small_suite, wait_for_run
 
 
 @pytest.mark.django_db(transaction=True)

@@ -19,8 +19,8 @@ from conftest import WorkerProcess, purge_broker
 from experiments_app.definitions import ImportFailed, import_tasks
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Trial, TrialEvent
-from runs_app.tests.engine.test_runner_worker import wait_for_run
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+from runs_app.tests.workers import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 

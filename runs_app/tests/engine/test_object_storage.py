@@ -10,7 +10,7 @@ from django.urls import reverse
 from conftest import WorkerProcess
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial
-from runs_app.tests.engine.test_runner_worker import small_suite, wait_for_run
+from runs_app.tests.workers import small_suite, wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from experiments_app.definitions import import_experiment
 from experiments_app.models import Task
 from runs_app import control
 from runs_app.launching import LaunchOptions, launch_run
-from runs_app.models import CriterionResult, Run, Trial, TrialEvent
+from runs_app.models import CriterionResult, Trial, TrialEvent
 from runs_app.tests.factories import (
     EXAMPLES,
     assert_tallies_match,
@@ -27,60 +27,9 @@ from runs_app.tests.factories import (
     make_experiment,
     make_task,
 )
+from runs_app.tests.workers import SMALL_TASK, small_suite, wait_for_run, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SMALL_TASK = """
-task_id: {slug}
-initial_prompt: "Write out.txt"
-sandbox:
-  template_sources:
-    - type: starter_files
-      files:
-        - {{path: README.md, content: "task {slug}"}}
-success_criteria:
-  - type: file_exists
-    path: out.txt
-"""
-
-# An agent that takes a while, so tests can act while trials run.
-SLOW_AGENT = """
-experiment_id: slow
-max_parallel: {parallel}
-defaults:
-  repeats: {repeats}
-variants:
-  - variant_id: slow
-    agent:
-      type: command
-      command: {command}
-"""
-
-
-def wait_for_run(run: Run, timeout: float, worker: WorkerProcess | None = None) -> Run:
-    def final():
-        run.refresh_from_db()
-        return run.is_final
-
-    def why() -> str:
-        states = list(Trial.objects.filter(run=run).values_list("pk", "status", "attempt", "dispatched_at"))
-        return f"run {run.pk} to end ({run.status}); trials: {states}\nlog:\n{_log(worker)}"
-
-    wait_for(final, timeout=timeout, message=why)
-    return run
-
-
-def _log(worker: WorkerProcess | None) -> str:
-    return worker.log()[-5000:] if worker else ""
-
-
-def small_suite(folder: Path, n_tasks: int, command: str, parallel: int = 4, repeats: int = 1):
-    for i in range(n_tasks):
-        make_task(folder, f"t{i}", SMALL_TASK.format(slug=f"t{i}"))
-    import_folder_tasks(folder)
-    return make_experiment(
-        folder, SLOW_AGENT.format(parallel=parallel, repeats=repeats, command=json.dumps(command))
-    )
 
 
 def test_the_demo_experiment_passes_every_oracle_trial_and_fails_every_none_trial(tmp_path):
@@ -605,7 +554,7 @@ def test_a_long_setup_shows_on_the_trial_page_while_it_runs(tmp_path, celery_wor
     setup = wait_for(
         lambda: TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="setup").first(),
         timeout=60,
-        message=lambda: f"the setup event; log:\n{_log(celery_worker_process)}",
+        message=lambda: f"the setup event; log:\n{worker_log(celery_worker_process)}",
     )
     # Written during the 4 s pre_run: the agent's phase, written at once, is not there yet.
     assert not TrialEvent.objects.filter(trial__run=run, kind="phase", data__phase="agent").exists()

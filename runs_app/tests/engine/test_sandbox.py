@@ -17,9 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from runs_app.engine import containment, sandbox
-from runs_app.engine.sandbox import DEFAULT_ENV_ALLOWLIST, Limits, Mount, build_env, redact, run_process
-from runs_app.engine.workspace import cleanup, layout
+from runs_app.engine import sandbox
+from runs_app.engine.sandbox import (
+    DEFAULT_ENV_ALLOWLIST,
+    Limits,
+    Mount,
+    build_env,
+    containment,
+    process,
+    redact,
+)
+from runs_app.engine.sandbox.bubblewrap import run_process
+from runs_app.engine.sandbox.workspace import cleanup, layout
 from runs_app.tests.engine.nobody import NOBODY, nobody_worker
 
 HOSTILE = Path(__file__).parents[1] / "hostile"
@@ -341,7 +350,7 @@ def test_it_scrubs_the_environment_to_the_allowlist_and_named_secrets(trial, mon
         "ANTHROPIC_API_KEY",
     } | {
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-        sandbox.SANDBOX_ID_VAR,
+        process.SANDBOX_ID_VAR,
     }
 
 
@@ -430,7 +439,8 @@ def test_it_caps_processes_when_the_worker_is_not_root(base):
     shutil.copy(HOSTILE / "spawner.py", folder / "spawner.py")
     done = nobody_worker(
         folder,
-        "from runs_app.engine.sandbox import Limits, run_process; "
+        "from runs_app.engine.sandbox import Limits; "
+        "from runs_app.engine.sandbox.bubblewrap import run_process; "
         f"r = run_process([{PY!r}, 'spawner.py', '3000'], cwd=Path.cwd(), env={{'PATH': '/usr/bin:/bin'}}, "
         "limits=Limits(wall_seconds=20, max_processes=20)); "
         "print(json.dumps({'report': json.loads(r.stdout), 'leftovers': r.leftovers_killed}))",
@@ -451,7 +461,8 @@ def test_a_non_root_workers_sandbox_cannot_read_the_workers_environment(base):
     shutil.copy(HOSTILE / "read_environ.sh", folder / "read_environ.sh")
     done = nobody_worker(
         folder,
-        "from runs_app.engine.sandbox import Limits, run_process; "
+        "from runs_app.engine.sandbox import Limits; "
+        "from runs_app.engine.sandbox.bubblewrap import run_process; "
         "r = run_process(['/bin/sh', 'read_environ.sh'], cwd=Path.cwd(), env={'PATH': '/usr/bin:/bin'}, "
         "limits=Limits(wall_seconds=20)); print(r.stdout)",
         SECRET_KEY="worker-secret-4b1d",
@@ -467,7 +478,8 @@ def test_it_kills_the_command_when_the_worker_dies(trial):
     project = Path(__file__).resolve().parents[3]
     worker_code = (
         f"import sys; sys.path.insert(0, {str(project)!r}); from pathlib import Path; "
-        "from runs_app.engine.sandbox import Limits, run_process; "
+        "from runs_app.engine.sandbox import Limits; "
+        "from runs_app.engine.sandbox.bubblewrap import run_process; "
         f"run_process('echo started > main.pid; sleep 30', cwd=Path({str(trial.workspace)!r}), "
         "env={'PATH': '/usr/bin:/bin'}, limits=Limits(wall_seconds=30))"
     )

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runs_app.engine import containment, sandbox
-from runs_app.engine.workspace import (
+from runs_app.engine import sandbox
+from runs_app.engine.sandbox import bubblewrap, containment
+from runs_app.engine.sandbox.workspace import (
     REPO_DIRNAME,
     WorkspaceError,
     cleanup,
@@ -64,12 +65,12 @@ def test_it_lays_out_fresh_folders_and_cleans_them_up(base):
 
     assert [p.is_dir() for p in (paths.workspace, paths.home, paths.tmp)] == [True, True, True]
     if IS_ROOT:
-        assert paths.uid is not None and sandbox.is_leased(paths.uid)
+        assert paths.uid is not None and containment.is_leased(paths.uid)
         assert {p.stat().st_uid for p in (paths.workspace, paths.home, paths.tmp)} == {paths.uid}
     cleanup(paths.root)
     assert not paths.root.exists()
     if IS_ROOT:
-        assert not sandbox.is_leased(paths.uid)
+        assert not containment.is_leased(paths.uid)
 
 
 def test_it_gives_concurrent_trials_different_uids(base):
@@ -102,7 +103,7 @@ def test_it_cleans_up_read_only_files_and_kills_what_still_runs(base):
     paths = layout(base / "trial")
     limits = sandbox.Limits(wall_seconds=10)
     env = {"PATH": "/usr/bin:/bin"}
-    sandbox.run_process(
+    bubblewrap.run_process(
         "mkdir -p deep/er && echo x > deep/er/f && chmod 000 deep/er/f && chmod 500 deep/er deep",
         cwd=paths.workspace,
         env=env,
@@ -113,7 +114,7 @@ def test_it_cleans_up_read_only_files_and_kills_what_still_runs(base):
         # A command run outside a pids cgroup leaves the uid to be swept when released (a
         # process in one cannot leave it, and is killed with it); and a process of the uid
         # started outside run_process stands for whatever such a command left behind.
-        sandbox.run_process("true", cwd=paths.workspace, env=env, limits=limits, use_cgroup=False)
+        bubblewrap.run_process("true", cwd=paths.workspace, env=env, limits=limits, use_cgroup=False)
         straggler = subprocess.Popen(["sleep", "30"], user=paths.uid, group=paths.uid, cwd="/")
 
     cleanup(paths.root)
@@ -130,9 +131,9 @@ def test_a_fresh_host_marks_idle_uids_clean_at_once_and_sweeps_a_busy_one_on_its
     monkeypatch.setattr(containment, "_PRIMED", [])
     leftover = subprocess.Popen(["sleep", "30"], user=64991, group=64991, cwd="/")  # a dead trial's
     try:
-        first = sandbox.lease_sandbox_uid()
+        first = containment.lease_sandbox_uid()
         locks = tmp_path / "evalsite-uid-locks"
-        leased = [first] + [sandbox.lease_sandbox_uid() for _ in range(3)]
+        leased = [first] + [containment.lease_sandbox_uid() for _ in range(3)]
 
         assert sorted(leased) == [64990, 64991, 64992, 64993]
         assert leftover.wait(timeout=5) < 0  # its lease swept the busy uid first
@@ -141,7 +142,7 @@ def test_a_fresh_host_marks_idle_uids_clean_at_once_and_sweeps_a_busy_one_on_its
         leftover.kill()
         for uid in containment._LEASES.copy():
             if uid in range(64990, 64994):
-                sandbox.release_sandbox_uid(uid)
+                containment.release_sandbox_uid(uid)
     assert {(locks / str(uid)).read_bytes() for uid in range(64990, 64994)} == {b"clean"}
 
 
@@ -170,7 +171,7 @@ def test_it_cleans_up_read_only_folders_as_a_non_root_worker(base):
     os.chown(owned, 65534, 65534)
     done = nobody_worker(
         owned,
-        "import os; from runs_app.engine.workspace import cleanup, layout; "
+        "import os; from runs_app.engine.sandbox.workspace import cleanup, layout; "
         f"p = layout(Path({str(owned)!r}) / 'trial'); "
         "(p.workspace / 'ro').mkdir(); (p.workspace / 'ro/f.txt').write_text('x'); "
         "os.chmod(p.workspace / 'ro', 0o500); os.chmod(p.workspace, 0o500); "
@@ -433,7 +434,7 @@ def _tree(root: Path) -> dict[str, tuple]:
 
 
 def test_a_trials_venv_is_the_hosts_template_made_afresh_naming_its_own_path(base):
-    from runs_app.engine import environments
+    from runs_app.engine.sandbox import environments
 
     template = environments.venv_template(base)
     owner = 65000 if IS_ROOT else os.geteuid()

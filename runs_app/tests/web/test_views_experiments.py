@@ -127,8 +127,8 @@ def test_a_script_attached_in_the_form_runs_as_its_command_agent(
 
     from experiments_app.models import Experiment
     from runs_app.launching import LaunchOptions, launch_run
-    from runs_app.tests.engine.test_runner_worker import wait_for_run
     from runs_app.tests.factories import import_folder_tasks, make_task
+    from runs_app.tests.workers import wait_for_run
 
     make_task(tmp_path, "needs-out", "task_id: needs-out\ninitial_prompt: go\nsuccess_criteria:\n"
               "  - {type: file_contains, path: out.txt, includes: [from-the-script]}\n")  # fmt: skip

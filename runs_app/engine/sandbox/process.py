@@ -1,14 +1,13 @@
-"""Process control for every command an agent, a criterion or a setup step runs.
+"""Process control for every command a sandbox runs, whatever its driver.
 
-`run_process` starts one command inside its namespace sandbox (`runs_app.engine.bubblewrap`:
-the command sees only the system, the runtimes and what the caller mounts, and has no network)
-in its own session and process group, with resource limits, capped output, live stdout lines,
-a wall-clock timeout and a cooperative stop, and makes sure that nothing it started is still
-running when it returns.
+`run` starts one command line (a driver's: bwrap, a container engine's exec) through the
+launcher (`launcher/evalsite-launch.c`: it joins the command's cgroups, takes the sandbox
+identity, sets the resource limits, then execs) in its own session and process group, with
+capped output, live stdout lines, a wall-clock timeout and a cooperative stop, and makes sure
+that nothing it started is still running when it returns.
 
 How it finds what a command left running (a pids cgroup, a leased sandbox uid, or the session
-and an environment token), and which uid a command runs as on a root worker, is
-`runs_app.engine.containment`; its public names are importable from here too.
+and an environment token), and which uid a command runs as on a root worker, is `containment`.
 
 Pure Python, Linux only, no Django.
 """
@@ -17,169 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import resource
 import secrets as secrets_module
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from runs_app.engine import bubblewrap
-from runs_app.engine.bubblewrap import Mount, SandboxUnavailable
-from runs_app.engine.containment import (
-    Cgroup,
-    Containment,
-    SandboxError,
-    child_identity,
-    is_leased,
-    kill_uid_processes,
-    lease_sandbox_uid,
-    release_sandbox_uid,
-    tasks_of_uid,
-)
+from runs_app.engine import native
+from runs_app.engine.sandbox.base import Limits, ProcessResult, SandboxError
+from runs_app.engine.sandbox.containment import Cgroup, Containment, is_leased, tasks_of_uid
 
-__all__ = [
-    "DEFAULT_ENV_ALLOWLIST",
-    "Mount",
-    "SandboxUnavailable",
-    "SANDBOX_ID_VAR",
-    "Limits",
-    "ProcessResult",
-    "SandboxError",
-    "build_env",
-    "is_leased",
-    "kill_uid_processes",
-    "lease_sandbox_uid",
-    "redact",
-    "release_sandbox_uid",
-    "resolve_secrets",
-    "run_process",
-]
-
-DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = (
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TERM",
-    "TZ",
-    # Corporate networks: agents must reach their model API through the same proxy and CAs.
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
-)
 SANDBOX_ID_VAR = "EVALSITE_SANDBOX_ID"
 _READ_CHUNK = 1 << 16
-
-
-@dataclass
-class Limits:
-    """Resource limits of one command. None means "no cap" for the optional ones.
-
-    `max_processes` counts threads too (both `RLIMIT_NPROC` and `pids.max` do): a Node or Go
-    CLI needs a few hundred. `address_space_bytes` must stay None (or very large) for agent
-    CLIs: V8, Go and Rust runtimes reserve tens of GB of virtual memory up front.
-    """
-
-    wall_seconds: float = 600.0
-    cpu_seconds: int | None = None
-    address_space_bytes: int | None = None
-    max_processes: int | None = 512
-    max_file_bytes: int | None = None
-    # The memory cgroup's cap on the command's whole tree (RLIMIT_DATA where no cgroup can be made).
-    memory_bytes: int | None = None
-    stdout_cap_bytes: int = 1 << 20
-    stderr_cap_bytes: int = 256 << 10
-    kill_grace_seconds: float = 2.0
-
-
-@dataclass
-class ProcessResult:
-    """How a command ended. `exit_code` is None when a signal ended it (`signal` says which).
-
-    `timed_out`: the wall clock ran out. `cancelled`: `should_stop` returned a reason (kept in
-    `stop_reason`, e.g. "cancelled" or "budget"). `killed`: the main process outlived SIGTERM
-    by the grace period and got SIGKILL. `leftovers_killed`: processes still running after the
-    main one ended, killed by the harness.
-    """
-
-    exit_code: int | None
-    signal: int | None
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    cancelled: bool
-    killed: bool
-    duration_seconds: float
-    stop_reason: str | None = None
-    stdout_total_bytes: int = 0
-    stderr_total_bytes: int = 0
-    leftovers_killed: int = 0
-    memory_exhausted: bool = False  # the memory cap was reached (allocations refused or OOM-killed)
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment and secrets
-
-
-def build_env(
-    *,
-    home: Path,
-    tmpdir: Path,
-    allowlist: Iterable[str],
-    secrets: Mapping[str, str],
-    extra: Mapping[str, str],
-) -> dict[str, str]:
-    """A scrubbed environment: allowlisted worker variables, sandbox HOME/TMPDIR, secrets, extra.
-
-    Nothing else from the worker's environment leaks in (its API keys in particular: only the
-    secrets a variant names are passed).
-    """
-    env = {name: os.environ[name] for name in allowlist if name in os.environ}
-    env.update(HOME=str(home), TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-    env.update(secrets)
-    env.update(extra)
-    return env
-
-
-def resolve_secrets(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Values of the named secrets from the worker's environment; raises naming what to set."""
-    environ = os.environ if environ is None else environ
-    names = list(names)
-    missing = [name for name in names if not environ.get(name)]
-    if missing:
-        raise SandboxError(
-            f"secret(s) {', '.join(missing)} not set in the worker's environment: "
-            "export them where the worker starts (they are never stored in the database)"
-        )
-    return {name: environ[name] for name in names}
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every non-empty secret value replaced by `***` (longest first)."""
-    for value in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
-
-
-# ---------------------------------------------------------------------------------------------
-# Running one process
 
 
 class _Capture:
@@ -277,7 +130,7 @@ def _launch_options(
 
 _LAUNCHER_SOURCE = Path(__file__).with_name("launcher") / "evalsite-launch.c"
 LAUNCHER = Path(
-    os.environ.get("EVALSITE_LAUNCHER") or Path(__file__).resolve().parents[2] / ".build" / "evalsite-launch"
+    os.environ.get("EVALSITE_LAUNCHER") or Path(__file__).resolve().parents[3] / ".build" / "evalsite-launch"
 )
 _LAUNCHER_LOCK = threading.Lock()
 _LAUNCHER_CHECKED: list[bool] = []
@@ -292,87 +145,42 @@ def launcher() -> Path:
         if not LAUNCHER.exists() or (
             _LAUNCHER_SOURCE.exists() and LAUNCHER.stat().st_mtime < _LAUNCHER_SOURCE.stat().st_mtime
         ):
-            _compile(_LAUNCHER_SOURCE, LAUNCHER, "`make sandbox`")
+            try:
+                native.compile_c(_LAUNCHER_SOURCE, LAUNCHER, "`make sandbox`")
+            except native.BuildError as exc:
+                raise SandboxError(str(exc)) from None
         _LAUNCHER_CHECKED.append(True)
         return LAUNCHER
 
 
-_FORWARDER_SOURCE = Path(__file__).with_name("launcher") / "evalsite-forward.c"
-_FORWARDERS: dict[Path, Path] = {}
-
-
-def forwarder(root: Path) -> Path:
-    """The model gateway's forwarder (`launcher/evalsite-forward.c`), built once per host into
-    `root` (the sandbox root, which every sandbox uid can reach; a checkout in a 0700 home is
-    not) under a name that changes with its source."""
-    with _LAUNCHER_LOCK:
-        if root not in _FORWARDERS:
-            digest = hashlib.sha256(_FORWARDER_SOURCE.read_bytes()).hexdigest()[:12]
-            target = root / "bin" / f"evalsite-forward-{digest}"
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(target.parent, 0o711)
-                _compile(_FORWARDER_SOURCE, target, "gcc")
-                os.chmod(target, 0o755)
-            _FORWARDERS[root] = target
-        return _FORWARDERS[root]
-
-
-def _compile(source: Path, target: Path, alternative: str) -> None:
-    """Build a C program of the sandbox with the system's compiler (atomically: a concurrent
-    builder's file replaces ours or ours replaces it, never half of one)."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise SandboxError(f"no C compiler to build {target}: install {alternative}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}")
-    built = subprocess.run([compiler, "-O2", "-o", str(partial), str(source)], capture_output=True, text=True)
-    if built.returncode != 0:
-        raise SandboxError(f"building {target} failed: {built.stderr.strip()[-500:]}")
-    os.replace(partial, target)
-
-
-def run_process(
-    argv: list[str] | str,
+def run(
+    args: list[str],
     *,
     cwd: Path,
     env: dict[str, str],
     limits: Limits,
+    identity: tuple[int, int] | None,
     stdin: bytes | None = None,
     on_stdout_line: Callable[[str], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
     poll_interval: float = 0.25,
-    user: int | None = None,
     use_cgroup: bool | None = None,
     max_line_bytes: int = 8 << 20,
-    mounts: Sequence[Mount] = (),
-    tmp: Path | None = None,
-    stage_root: Path | None = None,
 ) -> ProcessResult:
-    """Run one command under the sandbox's control and return how it ended.
+    """Run one command line (a driver's) under the sandbox's control and return how it ended.
 
-    A str `argv` runs through `/bin/sh -c`. stdin is /dev/null unless bytes are given (some CLIs
-    wait forever on an open stdin). Every stdout line (cut at `max_line_bytes`) goes to
-    `on_stdout_line` as it arrives, even past the stored cap; the callback runs on this thread.
-    `should_stop` is polled every `poll_interval` seconds and after each read of stdout (so what
-    `on_stdout_line` saw is acted on at once); a non-None reason stops the command
-    like the wall timeout does: SIGTERM to its group, SIGKILL after `limits.kill_grace_seconds`.
-    When the main process has ended, everything it left running is killed.
+    stdin is /dev/null unless bytes are given (some CLIs wait forever on an open stdin). Every
+    stdout line (cut at `max_line_bytes`) goes to `on_stdout_line` as it arrives, even past the
+    stored cap; the callback runs on this thread. `should_stop` is polled every `poll_interval`
+    seconds and after each read of stdout (so what `on_stdout_line` saw is acted on at once); a
+    non-None reason stops the command like the wall timeout does: SIGTERM to its group, SIGKILL
+    after `limits.kill_grace_seconds`. When the main process has ended, everything it left
+    running is killed.
 
-    The sandbox sees `cwd` (writable), `mounts`, and `tmp` as its /tmp (TMPDIR points there);
-    `stage_root` is where a root worker stages runtimes its sandbox uid cannot reach.
-    `user` forces the sandbox uid (root workers); `use_cgroup` False skips the cgroups, True
-    requires one. An exception raised by `on_stdout_line` or `should_stop` stops the command
-    and is re-raised once everything is dead.
+    `identity` (uid, gid) is what the child switches to (root workers; `containment.child_identity`).
+    `use_cgroup` False skips the cgroups, True requires one. An exception raised by
+    `on_stdout_line` or `should_stop` stops the command and is re-raised once everything is dead.
     """
-    args = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
-    identity = child_identity(cwd, user)
-    args = bubblewrap.command_line(
-        args, cwd=cwd, mounts=mounts, tmp=tmp,
-        stage_root=(stage_root or bubblewrap.DEFAULT_STAGE_ROOT) if identity is not None else None,
-    )  # fmt: skip
-    if tmp is not None:
-        env = {**env, "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
     exclusive = identity is not None and is_leased(identity[0])
     cgroup = None
     if use_cgroup is not False:

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from experiments_app.specs.task import ANSWERER_ENTRY_POINT_GROUP, BUILTIN_ANSWERERS
-from runs_app.engine import roles
+from runs_app.engine.gateway import roles
 
 OPENING_REQUEST = "Begin now: write your opening message to the coding agent, as the user."
 # What the persona answerer may write in one message.

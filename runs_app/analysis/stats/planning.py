@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runs_app.analysis.compare import ComparisonData
-from runs_app.analysis.inference import t_quantile
+from runs_app.analysis.stats.comparison import ComparisonData
+from runs_app.analysis.stats.inference import t_quantile
 
 ALPHA = 0.05
 POWER = 0.8

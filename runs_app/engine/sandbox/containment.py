@@ -18,7 +18,7 @@ A root worker never runs sandboxed commands as root: the child runs as the owner
 directory (the leased uid `workspace.layout` gives the trial's folders), or as the user named by
 `EVALSITE_SANDBOX_USER` (default `nobody`) when the directory belongs to root.
 
-`sandbox.run_process` is the one caller of the cgroup and containment classes here. Pure Python,
+`process.run` is the one caller of the cgroup and containment classes here. Pure Python,
 Linux only, no Django.
 """
 
@@ -40,11 +40,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runs_app.engine.sandbox.base import SandboxError
+
 logger = logging.getLogger(__name__)
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be set up (no free uid, unwritable cgroup, missing secret...)."""
 
 
 # ---------------------------------------------------------------------------------------------

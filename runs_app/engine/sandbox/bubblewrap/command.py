@@ -1,4 +1,4 @@
-"""The namespace sandbox of every command a trial runs: the bubblewrap (`bwrap`) command line.
+"""The bubblewrap driver's command line: the `bwrap` argv of one sandboxed command.
 
 Each command gets new mount, PID, IPC, UTS, user, cgroup and network namespaces. The network
 namespace has loopback only; the model is reached through the trial's gateway (`gateway`).
@@ -34,28 +34,17 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from runs_app.engine.sandbox.base import Mount, SandboxUnavailable
 
 # The folders beside /usr that merged-/usr systems make links (and older ones real folders).
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[4]
 # Where a root worker stages runtimes its sandbox uid cannot reach (beside the trial folders).
 DEFAULT_STAGE_ROOT = Path(os.environ.get("SANDBOX_ROOT") or "/var/tmp/evalsite-sandboxes") / "runtimes"
 _STAGE_LOCK = threading.Lock()
 _STAGED: dict[tuple[str, str], Path] = {}
-
-
-class SandboxUnavailable(RuntimeError):
-    """bwrap is missing or cannot create namespaces here; the message says what to install."""
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A host path visible in the sandbox at the same path (read-only unless `writable`)."""
-
-    path: Path
-    writable: bool = False
 
 
 def bwrap_binary() -> str:
@@ -74,9 +63,8 @@ def runtime_dirs() -> tuple[Path, ...]:
     CLIs of the project's node_modules, and the folders listed in SANDBOX_RUNTIME_DIRS (read
     once per worker process)."""
     dirs = [Path(sys.base_prefix), Path(sys.prefix), PROJECT_ROOT / "node_modules", PROJECT_ROOT / ".agents"]
-    for name in ("EVALSITE_CLAUDE_BIN", "EVALSITE_CODEX_BIN", "EVALSITE_GEMINI_BIN", "EVALSITE_OPENCODE_BIN",
-                 "EVALSITE_AIDER_BIN"):  # fmt: skip
-        if os.environ.get(name):
+    for name in sorted(os.environ):  # an agent kind's CLI, wherever the worker keeps it
+        if name.startswith("EVALSITE_") and name.endswith("_BIN") and os.environ[name]:
             dirs.append(Path(os.environ[name]).resolve().parent)
     dirs += [Path(p) for p in os.environ.get("SANDBOX_RUNTIME_DIRS", "").split(":") if p]
     kept: list[Path] = []

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runs_app.engine import roles
-from runs_app.engine.answerers import Answerer, Message
+from runs_app.engine.gateway import roles
+from runs_app.engine.simulation.answerers import Answerer, Message
 
 
 @dataclass

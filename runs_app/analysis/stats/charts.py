@@ -10,7 +10,7 @@ import re
 from html import escape
 from typing import Any
 
-from runs_app.analysis.compare import ArmSummary, Comparison
+from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 
 BASELINE_COLOUR = "#6a7380"
 ARM_COLOUR = "#2b5fd9"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import expit, logit
 
-from runs_app.analysis import inference
-from runs_app.analysis.compare import Arm, Cell, ComparisonData, TaskInfo, Unit
+from runs_app.analysis.stats import inference
+from runs_app.analysis.stats.comparison import Arm, Cell, ComparisonData, TaskInfo, Unit
 
 
 @dataclass(frozen=True)

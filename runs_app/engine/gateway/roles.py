@@ -17,18 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runs_app.engine.agents.base import Usage
-from runs_app.engine.gateway import Gateway, Upstream
+from experiments_app.specs.providers import PROVIDERS
+from runs_app.engine.gateway.providers import ProviderError, Upstream, role_upstream
+from runs_app.engine.gateway.proxy import Gateway
+from runs_app.engine.usage import Usage
 
 ROLES = ("agent", "answerer", "judge")
 MAX_REPLY_BYTES = 2 << 20
-# Model APIs a role may call: the worker's variables for the key and the endpoint, the default
-# endpoint, and the path of a Messages / Chat Completions request below that endpoint.
-ROLE_APIS = {
-    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com", "v1/messages"),
-    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1", "v1/chat/completions"),
-}
-DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4.1"}
+DEFAULT_MODELS = {name: row.role_model for name, row in PROVIDERS.items() if row.role_model}
 
 
 class ModelCallError(RuntimeError):
@@ -65,19 +61,11 @@ def budget_limits(budget: Mapping[str, Any] | None) -> dict[str, Any]:
 def endpoint(env: Mapping[str, str], provider_variable: str) -> tuple[str, Upstream]:
     """The API a role calls, chosen by `provider_variable` in the worker's environment
     (anthropic by default), with its key and endpoint from the same environment."""
-    api = (env.get(provider_variable) or "anthropic").strip().lower()
-    if api not in ROLE_APIS:
-        raise ModelCallError(f"{provider_variable} must be one of {', '.join(ROLE_APIS)}, not {api!r}")
-    key_name, url_name, default, _ = ROLE_APIS[api]
-    key, bearer = env.get(key_name, ""), False
-    if not key and api == "anthropic" and env.get("ANTHROPIC_AUTH_TOKEN"):
-        key, bearer = env["ANTHROPIC_AUTH_TOKEN"], True
-    if not key:
-        raise ModelCallError(
-            f"{key_name} is not set in the worker's environment; set it (and {url_name} for a "
-            f"compatible server), or {provider_variable}=openai / anthropic for the other API"
-        )
-    return api, Upstream(api, env.get(url_name) or default, key, bearer)
+    try:
+        found = role_upstream(env, provider_variable)
+    except ProviderError as exc:
+        raise ModelCallError(str(exc)) from None
+    return found.api, found
 
 
 class RoleClient:
@@ -99,7 +87,7 @@ class RoleClient:
 
     def post(self, body: dict, timeout: float = 120.0, headers: Mapping[str, str] | None = None) -> dict:
         """POST a Messages / Chat Completions request; the JSON reply, or ModelCallError."""
-        path = f"/{self.api}/{ROLE_APIS[self.api][3]}"
+        path = f"/{self.api}/{PROVIDERS[self.api].role_path}"
         send = {"content-type": "application/json", **(headers or {})}
         if self.api == "anthropic":
             send.setdefault("anthropic-version", "2023-06-01")

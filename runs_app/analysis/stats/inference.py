@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from runs_app.analysis.stats import newcombe_interval_z, wilson_cc_interval
+from runs_app.analysis.stats.intervals import newcombe_interval_z, wilson_cc_interval
 
 PassCount = tuple[int, int]
 

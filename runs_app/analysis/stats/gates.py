@@ -20,7 +20,7 @@ from experiments_app.specs import (
     NoRegressionGate,
     SuiteThresholdsGate,
 )
-from runs_app.analysis.tally import Tally
+from runs_app.analysis.stats.tally import Tally
 
 _GATE_LIST = TypeAdapter(list[Gate])
 _GATE = TypeAdapter(Gate)

@@ -43,13 +43,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from runs_app.engine.agents.base import Usage, budget_crossed, estimate_cost
-from runs_app.engine.prices import model_prices
+from runs_app.engine.gateway.providers import SANDBOX_PORT, SANDBOX_URL, Upstream, sandbox_variables
+from runs_app.engine.usage import Usage, budget_crossed, estimate_cost, model_prices
 
-PLACEHOLDER_KEY = "evalsite-gateway-placeholder-key"
-# The port the forwarder listens on, on the sandbox's own loopback (each sandbox has its own).
-SANDBOX_PORT = 8765
-SANDBOX_URL = f"http://127.0.0.1:{SANDBOX_PORT}"
 HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
@@ -62,35 +58,6 @@ GENERATIONS = (
     "/messages", "/responses", "/chat/completions", GEMINI_GENERATE, GEMINI_STREAM,
     ":rawPredict", ":streamRawPredict", "/invoke", "/invoke-with-response-stream",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """One API the agent may reach: where it really is, and the key the gateway adds."""
-
-    api: str  # "anthropic", "openai" or "gemini"
-    base_url: str
-    key: str = ""
-    # Anthropic's API key goes in x-api-key; an ANTHROPIC_AUTH_TOKEN (a gateway or proxy in
-    # front of the API) as a bearer token, as Claude Code sends it.
-    bearer: bool = False
-
-    def auth_headers(self) -> dict[str, str]:
-        if not self.key:
-            return {}
-        if self.api == "anthropic" and not self.bearer:
-            return {"x-api-key": self.key}
-        if self.api == "gemini":
-            return {"x-goog-api-key": self.key}
-        return {"Authorization": f"Bearer {self.key}"}
-
-    @property
-    def sandbox_url(self) -> str:
-        """The base URL the agent is given (OpenAI clients expect the /v1 in it)."""
-        suffix = (
-            "/v1" if self.api == "openai" and urlsplit(self.base_url).path.rstrip("/").endswith("/v1") else ""
-        )
-        return f"{SANDBOX_URL}/{self.api}{suffix}"
 
 
 @dataclass
@@ -223,15 +190,7 @@ class Gateway:
     def sandbox_env(self) -> dict[str, str]:
         """What the agent is given instead of keys: placeholders and the gateway's URLs."""
         env: dict[str, str] = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-        if "anthropic" in self.upstreams:
-            env["ANTHROPIC_API_KEY"] = PLACEHOLDER_KEY
-            env["ANTHROPIC_BASE_URL"] = self.upstreams["anthropic"].sandbox_url
-        if "openai" in self.upstreams:
-            env["OPENAI_API_KEY"] = PLACEHOLDER_KEY
-            env["OPENAI_BASE_URL"] = self.upstreams["openai"].sandbox_url
-        if "gemini" in self.upstreams:
-            env["GEMINI_API_KEY"] = PLACEHOLDER_KEY
-            env["GOOGLE_GEMINI_BASE_URL"] = self.upstreams["gemini"].sandbox_url
+        env.update(sandbox_variables(self.upstreams.values()))
         if self.allowed_hosts:
             env.update(HTTPS_PROXY=SANDBOX_URL, HTTP_PROXY=SANDBOX_URL, https_proxy=SANDBOX_URL,
                        http_proxy=SANDBOX_URL)  # fmt: skip
@@ -605,7 +564,7 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 
 
 def wrap_command(argv: list[str], socket_path: Path, forwarder: Path) -> list[str]:
-    """`argv` started behind the forwarder (`sandbox.forwarder`: it listens on the gateway's port
+    """`argv` started behind the forwarder (`forwarder.c`: it listens on the gateway's port
     on the sandbox's loopback and carries each connection to the gateway's unix socket)."""
     return [str(forwarder), str(SANDBOX_PORT), str(socket_path), "--", *argv]
 

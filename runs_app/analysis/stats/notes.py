@@ -6,10 +6,8 @@ Pure (no Django); `analysis.compare` calls it.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from runs_app.analysis.compare import Arm, Comparison, ComparisonData, Unit
+from runs_app.analysis.stats.comparison import Arm, Comparison, ComparisonData, Unit
 
 # Below this many clusters an interval leans on its floor and the t quantile's width.
 FEW_CLUSTERS = 10

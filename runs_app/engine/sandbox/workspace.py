@@ -6,7 +6,7 @@ files, `repo` {url, commit} clones a git repository into `repo/` (coder-eval's p
 checks out the commit. Sources apply in order; later ones overwrite earlier files. Template copies
 and snapshots skip coder-eval's default ignore patterns (`.git`, `__pycache__`, `node_modules`...).
 
-On a root worker the trial's folders belong to a uid leased for the trial (see `sandbox`), and
+On a root worker the trial's folders belong to a uid leased for the trial (see `containment`), and
 everything materialised into the workspace is handed to that uid, so the agent can edit it.
 
 Pure Python, no Django.
@@ -23,11 +23,11 @@ import shutil
 import stat
 import tarfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runs_app.engine import sandbox
+from runs_app.engine.sandbox import containment
+from runs_app.engine.sandbox.base import SandboxPaths
 
 REPO_DIRNAME = "repo"
 DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
@@ -73,15 +73,6 @@ class WorkspaceError(ValueError):
     """A template source cannot be applied; the message names the source and the field."""
 
 
-@dataclass(frozen=True)
-class SandboxPaths:
-    root: Path
-    workspace: Path
-    home: Path
-    tmp: Path
-    uid: int | None  # the uid leased to this trial (root workers), else None
-
-
 # git argv, timeout, the one host it may reach -> (exit code, stderr, timed out)
 GitRunner = Callable[[list[str], float, str], tuple[int, str, bool]]
 
@@ -102,7 +93,7 @@ def layout(trial_root: Path) -> SandboxPaths:
     uid = None
     if os.geteuid() == 0:
         _check_searchable(trial_root)
-        uid = sandbox.lease_sandbox_uid()
+        uid = containment.lease_sandbox_uid()
     try:
         os.chmod(trial_root, 0o711)
         paths = SandboxPaths(
@@ -114,7 +105,7 @@ def layout(trial_root: Path) -> SandboxPaths:
                 os.chown(folder, uid, uid)
     except BaseException:
         if uid is not None:
-            sandbox.release_sandbox_uid(uid)
+            containment.release_sandbox_uid(uid)
         raise
     return paths
 
@@ -136,7 +127,7 @@ def cleanup(trial_root: Path) -> None:
     """
     workspace = trial_root / "workspace"
     if workspace.exists() and os.geteuid() == 0:
-        sandbox.release_sandbox_uid(workspace.lstat().st_uid)
+        containment.release_sandbox_uid(workspace.lstat().st_uid)
     if not trial_root.exists():
         return
     try:

@@ -1,0 +1,107 @@
+"""Grading a trial: its success criteria on the finished workspace and the agent's trace, in the
+trial's sandbox, with the judge's model calls through a gateway of their own.
+
+Used after the agent (`runner`), between the turns of a simulated conversation
+(`check_criteria`) and by a re-grade (`regrade`): each hands in what the agent left (`AgentTrace`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from runs_app.engine import criteria
+from runs_app.engine.context import TrialContext
+from runs_app.engine.criteria import early_stop
+from runs_app.engine.criteria.early_stop import EarlyStop
+from runs_app.engine.gateway import roles
+from runs_app.engine.outcome import Outcome
+from runs_app.engine.trial_sandbox import TrialSandbox
+from runs_app.models import Trial
+
+# The final reply kept with the trajectory criteria read (for `evaluate` to grade it again).
+FINAL_TEXT_CAP = 100_000
+
+
+@dataclass
+class AgentTrace:
+    """What grading reads of the agent's run besides the workspace."""
+
+    tool_calls: list[dict] = field(default_factory=list)
+    final_text: str = ""
+    dialog: list[dict] = field(default_factory=list)  # a simulated conversation, for the criteria
+    conversation_end: dict = field(default_factory=dict)  # how it ended: {"reason", "turns"}
+    early_stop: EarlyStop | None = None  # the call that decided an armed criterion
+
+
+def judged(specs: list[dict]) -> bool:
+    """Whether grading asks a model (an enabled criterion of a type that needs one)."""
+    return any(criteria.needs_model(spec) and spec.get("enabled", True) for spec in specs)
+
+
+def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: Outcome) -> None:
+    """Grade the trial into `outcome`: its criteria, score, trajectory and status (passed,
+    failed, or an error of the grader)."""
+    tool_calls = criteria.graded_calls(trace.tool_calls)
+    if outcome.stopped_early and trace.early_stop is not None:
+        # The agent was stopped at the deciding call; calls it printed while the stop was on its
+        # way never happened as far as the verdict goes.
+        tool_calls = tool_calls[: trace.early_stop.tool_call_index]
+    grading = criteria.GradingContext(
+        workspace=box.paths.workspace,
+        tool_calls=tool_calls,
+        final_text=trace.final_text,
+        run_command=box.run_command,
+        dataset_row=context.trial.dataset_row,
+        env=dict(os.environ),
+        task_dir=box.task_dir,
+        reference_dir=box.reference_dir(),
+        shared_roots=tuple(mount.path for mount in box.env_mounts),
+        dialog=trace.dialog,
+    )
+    specs = context.config.get("success_criteria") or []
+    judge = _judge_client(box, context, specs)
+    grading.post_model = judge.post if judge is not None else None
+    try:
+        result = criteria.grade(specs, grading)
+    finally:
+        if judge is not None:
+            judge.close()
+            context.account(judge)
+    outcome.trajectory = {"tool_calls": tool_calls, "final_text": trace.final_text[:FINAL_TEXT_CAP]}
+    if trace.dialog:
+        outcome.trajectory["dialog"] = trace.dialog
+        outcome.trajectory["conversation"] = trace.conversation_end
+    if outcome.stopped_early:
+        result.passed = not result.error and early_stop.armed_gate_passed(
+            specs, result.criteria, early_stop.gate_threshold(context.config)
+        )
+    outcome.criteria = result.criteria
+    outcome.score = result.score
+    if result.error:
+        outcome.status = Trial.Status.ERROR
+        outcome.error_category = "grader"
+        outcome.error_message = result.error
+    else:
+        outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
+
+
+def passes_now(box: TrialSandbox, context: TrialContext, trace: AgentTrace) -> bool:
+    """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
+    probe = Outcome(Trial.Status.RUNNING)
+    grade(box, context, trace, probe)
+    return probe.status == Trial.Status.PASSED
+
+
+def _judge_client(box: TrialSandbox, context: TrialContext, specs: list[dict]) -> roles.RoleClient | None:
+    """The judge's own gateway, when a criterion asks a model: its calls are the judge's
+    (counted, priced, `budgets.judge`). Without a key there is none, and the criterion says
+    which key to set."""
+    if not judged(specs):
+        return None
+    try:
+        _, upstream = roles.endpoint(os.environ, "EVALSITE_JUDGE_PROVIDER")
+    except roles.ModelCallError:
+        return None
+    context.secret_values.append(upstream.key)
+    return roles.RoleClient("judge", box.root / "judge.sock", upstream, context.budget("judge"))

@@ -1,0 +1,349 @@
+"""A trial's sandbox as the runner, the suite and a re-grade use it: the sandbox object of the
+task's driver (`runs_app.engine.sandbox`) in a fresh folder of the host, the task's bundles,
+the environment the task builds (template sources, venv, env_packages), and one way to run a
+command of a phase, with that phase's limits and mounts:
+
+- setup, pre_run, hooks and post_run see the workspace, HOME, /tmp and the host's task
+  environments;
+- grading (run_command criteria) also sees the task's files ($TASK_DIR) and reference
+  ($REFERENCE_DIR), read-only, and the task's venv first on PATH;
+- the agent sees its script, if any, and reaches its model through its gateway only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.utils import timezone
+
+from runs_app.engine import bundle_cache, criteria, gateway
+from runs_app.engine.leases import release_connection
+from runs_app.engine.outcome import TrialAborted
+from runs_app.engine.sandbox import (
+    Caps,
+    Limits,
+    Mount,
+    Phase,
+    ProcessResult,
+    Sandbox,
+    SandboxPaths,
+    discard,
+    environments,
+    open_sandbox,
+    phase_limits,
+    workspace,
+)
+from runs_app.models import Run, Trial
+
+logger = logging.getLogger(__name__)
+
+VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
+GIT_TIMEOUT = 120.0
+
+
+def host_folder(name: str) -> Path:
+    """A fresh folder for a sandbox under TRIAL_ROOT (whose mode lets sandbox uids reach it)."""
+    root = Path(settings.TRIAL_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)
+    return root / f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def open_host_sandbox(
+    root: Path, *, shared: list[Mount] | None = None, env: dict[str, str] | None = None
+) -> Sandbox:
+    """A started sandbox of the host's driver in `root`."""
+    box = open_sandbox(
+        "bubblewrap", root, stage_root=Path(settings.SANDBOX_ROOT) / "runtimes", shared=shared or [], env=env
+    )
+    box.start()
+    return box
+
+
+def host_caps(config: dict) -> Caps:
+    """A trial's caps: its `sandbox.limits` over the host's defaults."""
+    box = (config.get("sandbox") or {}).get("limits") or {}
+    return Caps(
+        memory_bytes=int(box.get("max_memory_mb") or settings.SANDBOX_MEMORY_MB) << 20,
+        disk_bytes=int(box.get("max_disk_mb") or settings.SANDBOX_DISK_MB) << 20,
+        max_processes=int(box.get("max_pids") or 512),
+        agent_output_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
+    )
+
+
+class TrialSandbox:
+    """One trial's sandbox (see the module docstring). `should_stop` is polled while its
+    commands run (the trial's cancel, its lease, its transcript)."""
+
+    def __init__(self, trial: Trial, config: dict, should_stop: Callable[[], str | None]):
+        self.trial = trial
+        self.config = config
+        self.should_stop = should_stop
+        self.caps = host_caps(config)
+        # The run's suite folder (hooks.suite), which every command of the trial reads.
+        ready = trial.run.suite_status == Run.Suite.READY and trial.run.suite_dir
+        self.suite_dir = Path(trial.run.suite_dir) if ready else None
+        self.box: Sandbox | None = None
+        self.task_bundle_dir = Path()
+        self.task_yaml_dir = "."
+        self.experiment_bundle_dir: Path | None = None
+        self.experiment_yaml_dir = "."
+        # What run_command criteria get of the task's environment (coder-eval: the venv and
+        # node_modules/.bin first on PATH, VIRTUAL_ENV).
+        self.venv_env: dict[str, str] = {}
+        # The host's task environments (env_packages) every command sees.
+        self.env_mounts: list[Mount] = []
+
+    @property
+    def paths(self) -> SandboxPaths:
+        if self.box is None:
+            raise TrialAborted("harness", "the trial's sandbox is not open")
+        return self.box.started
+
+    @property
+    def root(self) -> Path:
+        return self.paths.root
+
+    # --- building it ----------------------------------------------------------------------------
+
+    def open(self, experiment: dict) -> None:
+        """The trial's sandbox, started, and its task (and experiment) bundle, unpacked once per
+        host. `experiment` is the run's frozen experiment settings (its bundle and YAML path)."""
+        if (self.config.get("sandbox") or {}).get("driver") == "docker":  # launches refuse these
+            raise TrialAborted("setup", "sandbox.driver: docker: this worker runs no containers")
+        shared = [Mount(self.suite_dir)] if self.suite_dir else []
+        env = {
+            "EVALSITE_TRIAL_ID": str(self.trial.pk),
+            **({"EVALSITE_SUITE_DIR": str(self.suite_dir)} if self.suite_dir else {}),
+        }
+        root = host_folder(f"trial-{self.trial.pk}-a{self.trial.attempt}")
+        self.box = open_host_sandbox(root, shared=shared, env=env)
+        self.box.shared.insert(0, Mount(self.box.started.home, writable=True))
+        version = self.trial.task_version
+        self.task_bundle_dir = bundle_cache.unpacked(version.bundle_id)
+        self.task_yaml_dir = str(PurePosixPath(version.yaml_path).parent)
+        if experiment.get("bundle"):
+            self.experiment_bundle_dir = bundle_cache.unpacked(experiment["bundle"])
+            self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
+
+    def apply_template_sources(self) -> None:
+        sources = (self.config.get("sandbox") or {}).get("template_sources") or []
+        for index, source in enumerate(sources):
+            bundle_dir, yaml_dir = self.origin(f"sandbox.template_sources[{index}]")
+            workspace.materialize(
+                self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self.ignore_patterns(),
+                first_index=index, git=self._git,
+            )  # fmt: skip
+
+    def provide_environment(self) -> None:
+        """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the
+        workspace, with system site packages, first on the PATH of run_command criteria (not of
+        pre_run, post_run or the agent, as in coder-eval 0.12.16). It is made like one template
+        venv per host (a venv of symlinks and a pyvenv.cfg, from its listing), not by `python -m
+        venv`. The `env_packages` of `sandbox.python` and `sandbox.node` come from environments
+        built on the host once per requirement set and mounted read-only (`environments`)."""
+        box = self.config.get("sandbox") or {}
+        root = Path(settings.SANDBOX_ROOT)
+        path = [os.environ.get("PATH", os.defpath)]
+        try:
+            node_env = (box.get("node") or {}).get("env_packages") and environments.node_packages(
+                root, list(box["node"]["env_packages"])
+            )
+            python = box.get("python", {})
+            python_env = (
+                python is not None
+                and python.get("env_packages")
+                and environments.python_packages(root, list(python["env_packages"]))
+            )
+        except environments.InstallError as exc:
+            raise TrialAborted(
+                "setup", f"installing the task's env_packages on the worker host: {exc}"
+            ) from None
+        paths = self.paths
+        if node_env:
+            self._share(Mount(node_env))
+            link = paths.workspace / "node_modules"
+            if not link.exists():
+                link.symlink_to(node_env / "node_modules")
+            path.insert(0, str(link / ".bin"))
+            self.venv_env |= {"NODE_PATH": "", "NPM_CONFIG_PREFIX": str(paths.home / ".npm-prefix")}
+        if python is not None:
+            target = paths.workspace / VENV_DIRNAME
+            if not target.exists():
+                environments.new_venv(root, target, owner=paths.uid)
+                if python_env:
+                    self._share(Mount(python_env))
+                    environments.link_python_packages(target, python_env)
+                    if paths.uid is not None:
+                        workspace.chown_tree(target, paths.uid, paths.uid)
+            path.insert(0, str(target / "bin"))
+            self.venv_env["VIRTUAL_ENV"] = str(target)
+        if len(path) > 1:
+            self.venv_env["PATH"] = os.pathsep.join(path)
+
+    def _share(self, mount: Mount) -> None:
+        self.env_mounts.append(mount)
+        assert self.box is not None
+        self.box.shared.append(mount)
+
+    # --- where the task's files are ---------------------------------------------------------------
+
+    def origin(self, lineage_key: str) -> tuple[Path, str]:
+        """Where a relative path of this config field resolves: the task's YAML folder, or
+        the experiment's when an experiment, variant or override layer set it."""
+        layer = self.trial.lineage.get(lineage_key, "task")
+        if layer in ("experiment", "variant", "override") and self.experiment_bundle_dir is not None:
+            return self.experiment_bundle_dir, self.experiment_yaml_dir
+        return self.task_bundle_dir, self.task_yaml_dir
+
+    @property
+    def task_dir(self) -> Path:
+        return self.task_bundle_dir / self.task_yaml_dir
+
+    def reference_dir(self) -> Path | None:
+        reference = self.config.get("reference") or {}
+        directory = reference.get("directory") if isinstance(reference, dict) else None
+        if not directory:
+            return None
+        bundle_dir, yaml_dir = self.origin("reference.directory")
+        folder = (bundle_dir / yaml_dir / directory).resolve()
+        if not folder.is_relative_to(bundle_dir.resolve()):
+            # An override could name any folder of the worker; the oracle would copy it in.
+            raise TrialAborted("setup", f"reference.directory {directory!r} leaves the task's bundle")
+        return folder
+
+    def ignore_patterns(self) -> list[str]:
+        return list((self.config.get("sandbox") or {}).get("ignore_patterns") or [])
+
+    # --- running commands -------------------------------------------------------------------------
+
+    def limits(self, phase: Phase, wall_seconds: float) -> Limits:
+        return phase_limits(phase, self.caps, wall_seconds)
+
+    def run_command(
+        self, command: str, timeout: float, phase: Phase = Phase.GRADING
+    ) -> criteria.CommandOutcome:
+        """A shell command of the task in the trial's sandbox (pre_run, hooks, post_run,
+        run_command criteria). Only grading sees the task's files and reference solution
+        (read-only): $TASK_DIR, $REFERENCE_DIR."""
+        mounts: list[Mount] = []
+        extra: dict[str, str] = {}
+        if (
+            phase == Phase.GRADING
+        ):  # coder-eval: the venv, node_modules/.bin and TASK_DIR are run_command's only
+            mounts.append(Mount(self.task_bundle_dir))
+            extra = {**self.venv_env, "TASK_DIR": str(self.task_dir)}
+            reference = self.reference_dir()
+            if reference:
+                extra["REFERENCE_DIR"] = str(reference)
+        result = self.run(command, limits=self.limits(phase, timeout), env=extra, mounts=mounts)
+        exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
+        return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
+
+    def run(
+        self,
+        argv: list[str] | str,
+        *,
+        limits: Limits,
+        env: dict[str, str] | None = None,
+        mounts: list[Mount] | None = None,
+        via: gateway.Gateway | None = None,
+        **options: Any,
+    ) -> ProcessResult:
+        """One command in the trial's sandbox with `limits`, `env` and `mounts` besides the
+        trial's own; with `via`, behind that gateway (the forwarder on the sandbox's loopback,
+        its socket mounted)."""
+        mounts = list(mounts or [])
+        env = dict(env or {})
+        if via is not None:
+            forwarder = gateway.forwarder(Path(settings.SANDBOX_ROOT))
+            argv = gateway.wrap_command(list(argv), via.socket_path, forwarder)
+            mounts += [Mount(via.socket_path), Mount(forwarder)]
+            if self.paths.uid is not None:
+                os.chown(via.socket_path, self.paths.uid, self.paths.uid)
+            env = {**via.sandbox_env(), **env}
+        options.setdefault("should_stop", self.should_stop)
+        release_connection()
+        assert self.box is not None
+        return self.box.exec(argv, limits=limits, env=env, mounts=mounts, **options)
+
+    def _git(self, argv: list[str], timeout: float, host: str) -> tuple[int, str, bool]:
+        """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT
+        proxy to the repository's `host`; the scrubbed environment, no credentials."""
+        proxy = gateway.Gateway(self.root / "git.sock", [], allowed_hosts=[host]).start()
+        try:
+            limits = self.limits(Phase.SETUP, timeout)
+            result = self.run(argv, limits=limits, env={"GIT_TERMINAL_PROMPT": "0"}, via=proxy)
+        finally:
+            proxy.close()
+        return (result.exit_code if result.exit_code is not None else -1), result.stderr, result.timed_out
+
+    # --- files ------------------------------------------------------------------------------------
+
+    def give_workspace_to_sandbox(self) -> None:
+        """Files the worker wrote (oracle copies, prompt files) must belong to the sandbox uid."""
+        paths = self.paths
+        if paths.uid is None:
+            return
+        for folder in (paths.workspace, paths.home):
+            workspace.chown_tree(folder, paths.uid, paths.uid)
+
+    def snapshot(self) -> dict:
+        return workspace.snapshot(self.paths.workspace, self.ignore_patterns())
+
+    def save_artifact(self) -> str:
+        data = workspace.make_artifact_tarball(self.paths.workspace, self.ignore_patterns())
+        name = f"artifacts/run-{self.trial.run_id}/trial-{self.trial.pk}-attempt-{self.trial.attempt}.tar.gz"
+        return default_storage.save(name, ContentFile(data))
+
+    def cleanup(self) -> None:
+        if self.box is None:
+            return
+        root = self.box.root
+        try:
+            self.box.cleanup()
+        except Exception:
+            logger.exception("could not remove sandbox %s", root)
+            shutil.rmtree(root, ignore_errors=True)
+        self.box = None
+
+
+def sweep_sandboxes() -> int:
+    """Remove the sandbox folders of trials no worker runs any more (a killed worker leaves its
+    trials' folders behind), and of suites no worker holds: at worker start. Returns how many
+    were removed."""
+    root = Path(settings.TRIAL_ROOT)
+    if not root.is_dir():
+        return 0
+    now = timezone.now()
+    removed = 0
+    for folder in root.glob("trial-*"):
+        parts = folder.name.split("-")  # trial-<id>-a<attempt>-<token>
+        live = (
+            len(parts) == 4
+            and parts[1].isdigit()
+            and Trial.objects.filter(
+                pk=int(parts[1]), attempt=int(parts[2][1:] or 0), status=Trial.Status.RUNNING,
+                lease_expires_at__gt=now,
+            ).exists()
+        )  # fmt: skip
+        if not live:
+            discard(folder)
+            removed += 1
+    for folder in root.glob("suite-*"):  # a run's suite folder, while its holder renews the lease
+        held = Run.objects.filter(
+            suite_dir=str(folder / "workspace"), suite_lease_expires_at__gt=now
+        ).exists()  # fmt: skip
+        if not held:
+            discard(folder)
+            removed += 1
+    return removed
