@@ -118,13 +118,15 @@ test: install-dev agents browser sandbox
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff, then the import contracts of pyproject.toml ([tool.importlinter]).
+# ruff, the import contracts of pyproject.toml ([tool.importlinter]) and the type checker ([tool.mypy]).
 lint: install-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m mypy
 
 format: install-dev
 	$(PY) -m ruff check --fix .

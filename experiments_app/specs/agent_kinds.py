@@ -117,7 +117,7 @@ def kinds_reading(option: str) -> tuple[str, ...]:
 
 def plugin_entry_points() -> dict[str, EntryPoint]:
     """Installed third-party kinds by name (a built-in name is never taken by a plugin)."""
-    found = {}
+    found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in BUILTIN_KINDS:
             found.setdefault(ep.name, ep)

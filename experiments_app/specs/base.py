@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 
 # The regex parser behind `re` (private since 3.11; its public alias `sre_parse` is deprecated).
-from re import _constants as sre_constants
-from re import _parser as sre_parse
+from re import _constants as sre_constants  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 
 from pydantic import BaseModel, ConfigDict
 

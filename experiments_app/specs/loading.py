@@ -305,8 +305,8 @@ def _collect(
     members: list[str] = [doc.abs]
     for ref in refs:
         target, issue = _check_ref(doc, ref)
-        if issue:
-            issues.append(issue)
+        if issue is not None or target is None:
+            issues += [issue] if issue is not None else []
             continue
         by_ref[ref.loc] = target
         if ref.kind == "dir" or (ref.kind == "any" and os.path.isdir(target)):

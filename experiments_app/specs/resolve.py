@@ -106,7 +106,7 @@ class Resolved:
 # --------------------------------------------------------------------------- paths
 
 
-def _get(data: dict, path: str) -> Any:
+def _get(data: Any, path: str) -> Any:
     for key in path.split("."):
         if not isinstance(data, dict):
             return None
@@ -114,7 +114,7 @@ def _get(data: dict, path: str) -> Any:
     return data
 
 
-def _pop(data: dict, path: str) -> Any:
+def _pop(data: Any, path: str) -> Any:
     *parents, last = path.split(".")
     for key in parents:
         data = data.get(key)

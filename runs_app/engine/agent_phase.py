@@ -481,7 +481,9 @@ def _resource_limit(result: ProcessResult) -> str | None:
     """The resource cap that ended the agent, if one did (recorded on the trial like a budget)."""
     if result.memory_exhausted:
         return "memory"
-    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(result.signal)
+    if result.signal is None:
+        return None
+    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(signal.Signals(result.signal))
 
 
 def _refused_secrets(names: list[str]) -> Outcome | None:

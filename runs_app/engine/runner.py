@@ -17,7 +17,7 @@ engine never reaches back into run control.
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -365,7 +365,7 @@ def workspace_diff(before: dict, after: dict) -> tuple[str, bool]:
 CRITERION_FIELDS = tuple(f.name for f in CriterionResult._meta.concrete_fields if not f.primary_key)
 
 
-def criterion_rows(trial_id: int, results: list, secrets: list[str] = ()) -> list[CriterionResult]:
+def criterion_rows(trial_id: int, results: list, secrets: Sequence[str] = ()) -> list[CriterionResult]:
     """The stored rows of a trial's graded criteria (secrets redacted from their details)."""
     return [
         CriterionResult(

@@ -188,6 +188,7 @@ class SuiteHolder(threading.Thread):
 
     def _step_ended(self, phase: str, index: int, code: str) -> None:
         step = self.steps[phase][index]
+        assert self.paths is not None  # markers come from the sandbox it opened
         log = self.paths.tmp / "evalsite-suite" / f"{phase}-{index}.log"
         try:
             output = log.read_text(errors="replace")[-OUTPUT_CHARS:]
@@ -223,7 +224,8 @@ class SuiteHolder(threading.Thread):
         return None
 
     def _trigger(self) -> None:
-        (self.paths.workspace / TRIGGER).touch()
+        if self.paths is not None:
+            (self.paths.workspace / TRIGGER).touch()
 
     def _owned(self):
         return Run.objects.filter(pk=self.run_id, suite_owner=self.worker)

@@ -57,22 +57,21 @@ def pass_rate_figure(comparison: Comparison) -> dict[str, Any]:
 
 def forest_figure(comparison: Comparison) -> dict[str, Any]:
     """Δ pass rate of every arm against the baseline, with its paired 95% interval."""
-    others = [arm for arm in comparison.others if arm.versus]
     # Plotly draws the first category at the bottom; reverse so the table's order reads down.
-    others.reverse()
+    rows = [(arm, arm.versus) for arm in reversed(comparison.others) if arm.versus is not None]
     points = {
         "type": "scatter",
         "mode": "markers",
-        "x": [arm.versus.delta for arm in others],
-        "y": [tick_label(arm) for arm in others],
+        "x": [v.delta for _, v in rows],
+        "y": [tick_label(arm) for arm, _ in rows],
         "error_x": {
             "type": "data",
             "symmetric": False,
-            "array": [arm.versus.high - arm.versus.delta for arm in others],
-            "arrayminus": [arm.versus.delta - arm.versus.low for arm in others],
+            "array": [v.high - v.delta for _, v in rows],
+            "arrayminus": [v.delta - v.low for _, v in rows],
         },
         "marker": {"size": 10, "color": ARM_COLOUR},
-        "customdata": [[arm.versus.low, arm.versus.high, _p_text(arm.versus.p_holm)] for arm in others],
+        "customdata": [[v.low, v.high, _p_text(v.p_holm)] for _, v in rows],
         "hovertemplate": "%{y}<br>Δ %{x:+.1%} [%{customdata[0]:+.1%}, %{customdata[1]:+.1%}]"
         "<br>Holm p %{customdata[2]}<extra></extra>",
     }

@@ -77,7 +77,7 @@ def compare(
     clusters = [_cluster_key(unit, cluster) for unit in units]
     matrix = [[data.cells.get((key, *unit.key)) for key in keys] for unit in units]
     final = all(run.is_final for run in data.runs) if final is None else final
-    base = keys.index(baseline) if data.arms else 0
+    base = keys.index(baseline) if data.arms and baseline is not None else 0
     columns = [_Column.of([row[i] for row in matrix]) for i in range(len(keys))]
     arms = [_summary(arm, columns[i], units, clusters, confidence) for i, arm in enumerate(data.arms)]
     draws = max(inference.DRAWS, math.ceil(20 * max(1, len(arms) - 1) / alpha))
@@ -172,7 +172,7 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
     per_pass = inference.ratio_interval(
         [c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters)
     )
-    durations = [cell.mean_duration for cell in cells if cell.duration_n]
+    durations = [cell.duration_sum / cell.duration_n for cell in cells if cell.duration_n]
     curves = _k_curves(counted.graded, clusters, confidence)
     return ArmSummary(
         key=arm.key,
@@ -200,7 +200,11 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         mean_score_low=score.low if score and score.se is not None else None,
         mean_score_high=score.high if score and score.se is not None else None,
         median_duration=statistics.median(durations) if durations else None,
-        **curves,
+        pass_at_k=curves["pass_at_k"],
+        pass_at_k_low=curves["pass_at_k_low"],
+        pass_at_k_high=curves["pass_at_k_high"],
+        pass_at_k_units=curves["pass_at_k_units"],
+        pass_hat_k=curves["pass_hat_k"],
         tokens=sum(cell.tokens for cell in cells),
         cost=cost,
         answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
@@ -253,6 +257,7 @@ def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dic
         at = inference.ratio_interval(
             [_pass_at_k(n, p, k) for p, n, _ in kept], [1] * len(kept), [key for *_, key in kept], confidence
         )
+        assert at is not None  # every unit has at least one trial, so k = 1 keeps them all
         curves["pass_at_k"][k] = at.estimate
         curves["pass_at_k_low"][k] = max(0.0, at.low)
         curves["pass_at_k_high"][k] = min(1.0, at.high)
@@ -307,8 +312,11 @@ def _versus(
         versus.untested = (
             "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
         )
-    if not versus.untested:
-        p_value, exact = inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+    tested = (
+        None if versus.untested else inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+    )
+    if tested is not None:
+        p_value, exact = tested
         versus.p_value = p_value
         versus.test = "sign-flip, exact" if exact else f"sign-flip, {draws:,} draws"
     _error_effects(versus, base, other, clusters, confidence, alpha)
@@ -361,7 +369,8 @@ def _fisher(bp: int, bn: int, ap: int, an: int) -> float:
 
 def _holm(arms: list[ArmSummary]) -> None:
     tested = [arm.versus for arm in arms if arm.versus and arm.versus.p_value is not None]
-    for versus, adjusted in zip(tested, intervals.holm([v.p_value for v in tested]), strict=True):
+    p_values = [versus.p_value for versus in tested if versus.p_value is not None]
+    for versus, adjusted in zip(tested, intervals.holm(p_values), strict=True):
         versus.p_holm = adjusted
 
 
@@ -376,7 +385,8 @@ def _heat_rows(data: ComparisonData, units: list[Unit], keys: list[str]) -> list
         for i, key in enumerate(keys):
             cell = data.cells.get((key, *unit.key))
             if cell is not None:
-                row.cells[i] = cell if row.cells[i] is None else row.cells[i].merged(cell)
+                earlier = row.cells[i]
+                row.cells[i] = cell if earlier is None else earlier.merged(cell)
     return list(rows.values())
 
 

@@ -34,8 +34,10 @@ class Run(Protocol):
 
 
 # Cell fields that add up when two cells merge.
-SUMMED = ("passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n")
-SUMMED += ("duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost")
+SUMMED: tuple[str, ...] = (
+    "passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n",
+    "duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost",
+)  # fmt: skip
 # Summary CSV column -> Versus attribute.
 VERSUS_COLUMNS = {
     "paired_units": "units",

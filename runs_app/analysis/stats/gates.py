@@ -8,6 +8,7 @@ returns one result per gate, `{"gate", "name", "passed", "detail"}`, whose detai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,12 +111,13 @@ def _evaluate_one(raw: Any, facts: RunFacts) -> dict:
         # A stored gate that no longer validates must fail loudly, never pass unchecked.
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return _result(raw, "invalid gate", False, f"invalid gate spec: {problems}")
-    judge = {
+    judges: dict[type, Callable[..., tuple[str, bool, str]]] = {
         MinPassRateGate: _min_pass_rate,
         NoRegressionGate: _no_regression,
         MaxErrorShareGate: _max_error_share,
         SuiteThresholdsGate: _suite_thresholds,
-    }[type(gate)]
+    }
+    judge = judges[type(gate)]
     cluster = getattr(gate, "cluster", "unit")
     if cluster != "unit" and cluster not in facts.clustered:
         return _result(gate.model_dump(mode="json"), gate.name or type(gate).__name__, False,
@@ -159,7 +161,7 @@ def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, s
             parts.append(f"{variant.slug}: no graded trial")
             continue
         judged = variant.low if bound else variant.rate
-        ok = judged >= gate.value
+        ok = judged is not None and judged >= gate.value
         passed &= ok
         figure = f"{variant.slug}: {variant.rate:.1%} [{variant.low:.1%}, {variant.high:.1%}]"
         if bound and ok:

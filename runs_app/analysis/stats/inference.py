@@ -114,8 +114,10 @@ def rate_interval(
     if not kept:
         return None
     main = ratio_interval([y for y, _, _ in kept], [1] * len(kept), [key for *_, key in kept], confidence)
+    assert main is not None  # some unit was kept
     trials = sum(n for _, n, _ in kept)
     theta, count = main.estimate, main.clusters
+    effective: float
     if main.se is None:
         effective, q = trials, _z_quantile(confidence)
     else:
@@ -158,6 +160,7 @@ def difference_interval(
     main = ratio_interval(
         [ya - yb for yb, ya, _, _ in rows], [1] * len(rows), [r[3] for r in rows], confidence
     )
+    assert main is not None  # some unit was graded in both arms
     q = (
         _z_quantile(confidence)
         if main.se is None

@@ -77,7 +77,13 @@ def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> lis
                 "independent draws; add tasks to narrow it."
             )
         versus = arm.versus
-        if versus and versus.errors_differ:
+        if (
+            versus
+            and versus.errors_differ
+            and versus.delta_if_errors_fail is not None
+            and versus.delta_if_errors_fail_low is not None
+            and versus.delta_if_errors_fail_high is not None
+        ):
             low, high = versus.delta_if_errors_fail_low * 100, versus.delta_if_errors_fail_high * 100
             notes.append(
                 f"{arm.label} hits infrastructure errors on {versus.arm_error_share:.0%} of its trials "

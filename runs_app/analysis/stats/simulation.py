@@ -72,7 +72,7 @@ def validity(design: Design, replicates: int, *, seed: int = 0, alpha: float = 0
     for _ in range(replicates):
         baseline, variant = draw(design, rng)
         rate = inference.rate_interval(baseline, clusters)
-        covered_rate += rate.low <= true_rate <= rate.high
+        covered_rate += rate is not None and rate.low <= true_rate <= rate.high
         delta = inference.difference_interval(baseline, variant, clusters)
         covered_delta += delta is not None and delta.low - 1e-12 <= true_delta <= delta.high + 1e-12
         tested = inference.sign_flip_p(baseline, variant, clusters)

@@ -90,13 +90,20 @@ class AgentOutcome:
 class ProcessResultLike(Protocol):
     """The fields of ``sandbox.ProcessResult`` that ``finish`` reads."""
 
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes | str
-    stderr: bytes | str
-    timed_out: bool
-    cancelled: bool
-    killed: bool
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> int | None: ...
+    @property
+    def stdout(self) -> bytes | str: ...
+    @property
+    def stderr(self) -> bytes | str: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def cancelled(self) -> bool: ...
+    @property
+    def killed(self) -> bool: ...
 
 
 class StreamParser(Protocol):
@@ -292,6 +299,11 @@ def _set(
 def _stderr_tail(result: ProcessResultLike, chars: int = 500) -> str:
     text = as_text(getattr(result, "stderr", "") or "").strip()
     return f": {text[-chars:]}" if text else ""
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (a CLI's stream may omit or garble a field)."""
+    return value if isinstance(value, dict) else {}
 
 
 def as_text(data: bytes | str) -> str:

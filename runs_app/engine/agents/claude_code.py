@@ -37,6 +37,7 @@ from .base import (
     AgentSetupError,
     BaseParser,
     clip,
+    mapping,
     prompt_fits_argv,
     require_cli,
 )
@@ -127,7 +128,7 @@ class ClaudeCodeAgent(AgentKind):
         if not session:
             raise AgentSetupError("claude-code: the last turn reported no session_id to resume")
         invocation = self.prepare(prompt, workspace, home, config, secrets)
-        invocation.argv = [*invocation.argv, "--resume", session]
+        invocation.argv = [*(invocation.argv or []), "--resume", session]
         return invocation
 
 
@@ -279,7 +280,7 @@ class ClaudeStreamParser(BaseParser):
                 self.final_text = block.get("text", "")
             return [AgentEvent("message", {"text": block.get("text", ""), "main": main})]
         if block.get("type") == "tool_use":
-            tool_input = block.get("input") if isinstance(block.get("input"), dict) else {}
+            tool_input = mapping(block.get("input"))
             event = self._add_tool_call(str(block.get("id") or ""), str(block.get("name") or ""), tool_input)
             return [event] if event else []
         if block.get("type") == "thinking":

@@ -32,6 +32,7 @@ from .base import (
     AgentKind,
     AgentSetupError,
     BaseParser,
+    mapping,
     raise_problems,
     require_secrets,
 )
@@ -114,7 +115,7 @@ class CommandParser(BaseParser):
         return None
 
     def _tool_call(self, obj: dict[str, Any]) -> list[AgentEvent]:
-        tool_input = obj.get("input") if isinstance(obj.get("input"), dict) else {}
+        tool_input = mapping(obj.get("input"))
         call_id = str(obj.get("id") or f"call_{len(self.tool_calls)}")
         event = self._add_tool_call(call_id, obj["name"], tool_input)
         failed = obj.get("status") == "error" or obj.get("is_error") is True

@@ -37,6 +37,7 @@ from .base import (
     AgentKind,
     BaseParser,
     clip,
+    mapping,
     prompt_fits_argv,
     require_cli,
 )
@@ -127,7 +128,7 @@ class GeminiStreamParser(BaseParser):
         if kind == "tool_use":
             self._enter_round()
             self._reply = []
-            tool_input = obj.get("parameters") if isinstance(obj.get("parameters"), dict) else {}
+            tool_input = mapping(obj.get("parameters"))
             name = str(obj.get("tool_name") or "")
             event = self._add_tool_call(
                 str(obj.get("tool_id") or ""), SHELL_TOOL if name == CLI_SHELL_TOOL else name, tool_input
@@ -174,11 +175,11 @@ class GeminiStreamParser(BaseParser):
 
     def _result(self, obj: dict[str, Any]) -> list[AgentEvent]:
         self.finished = True
-        stats = obj.get("stats") if isinstance(obj.get("stats"), dict) else {}
+        stats = mapping(obj.get("stats"))
         self.usage = _usage(stats, self.rounds, self.prices or model_prices(self.model))
         events = [self._usage_event()]
         if obj.get("status") != "success":
-            error = obj.get("error") if isinstance(obj.get("error"), dict) else {}
+            error = mapping(obj.get("error"))
             self.error = str(error.get("message") or "the Gemini CLI ended with an error")
             self.error_category = ERROR_CATEGORIES.get(str(error.get("type")), _category(self.error))
             events.append(AgentEvent("error", {"message": self.error, "category": self.error_category}))

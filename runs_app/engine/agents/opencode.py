@@ -38,6 +38,7 @@ from .base import (
     AgentKind,
     BaseParser,
     clip,
+    mapping,
     prompt_fits_argv,
     require_cli,
 )
@@ -173,7 +174,7 @@ class OpencodeStreamParser(BaseParser):
 
     def _parse(self, obj: dict[str, Any]) -> list[AgentEvent] | None:
         kind = obj.get("type")
-        part = obj.get("part") if isinstance(obj.get("part"), dict) else {}
+        part = mapping(obj.get("part"))
         self.session_id = str(obj.get("sessionID") or self.session_id)
         if kind == "text":
             self.final_text = str(part.get("text") or "")
@@ -185,12 +186,12 @@ class OpencodeStreamParser(BaseParser):
         if kind == "step_finish":
             return self._step(part)
         if kind == "error":
-            return self._error(obj.get("error") if isinstance(obj.get("error"), dict) else {})
+            return self._error(mapping(obj.get("error")))
         return []
 
     def _tool(self, part: dict[str, Any]) -> list[AgentEvent]:
-        state = part.get("state") if isinstance(part.get("state"), dict) else {}
-        tool_input = state.get("input") if isinstance(state.get("input"), dict) else {}
+        state = mapping(part.get("state"))
+        tool_input = mapping(state.get("input"))
         name = str(part.get("tool") or "")
         call_id = str(part.get("callID") or part.get("id") or "")
         events = [e for e in [self._add_tool_call(call_id, TOOL_NAMES.get(name, name), tool_input)] if e]
@@ -213,8 +214,8 @@ class OpencodeStreamParser(BaseParser):
         return events
 
     def _step(self, part: dict[str, Any]) -> list[AgentEvent]:
-        tokens = part.get("tokens") if isinstance(part.get("tokens"), dict) else {}
-        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        tokens = mapping(part.get("tokens"))
+        cache = mapping(tokens.get("cache"))
         usage = self.usage
         usage.input_tokens += _int(tokens.get("input"))
         usage.output_tokens += _int(tokens.get("output")) + _int(tokens.get("reasoning"))
@@ -229,7 +230,7 @@ class OpencodeStreamParser(BaseParser):
         return [self._usage_event()]
 
     def _error(self, error: dict[str, Any]) -> list[AgentEvent]:
-        data = error.get("data") if isinstance(error.get("data"), dict) else {}
+        data = mapping(error.get("data"))
         status = data.get("statusCode")
         self.error = str(data.get("message") or error.get("name") or "opencode reported an error")
         self.error_category = (

@@ -180,8 +180,9 @@ def _jsonable(details: object) -> dict:
 
 def _lenient(value: object, default: float) -> float:
     """A usable non-negative number, or the default (the criterion's error says what is wrong)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok and value >= 0 else default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return default
+    return float(value)
 
 
 def _blank_result(index: int, criterion: object) -> CriterionResult:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, overload
 
 # Per-stream budget for command output and file excerpts kept in details (coder-eval keeps 4000).
 OUTPUT_BUDGET = 4000
@@ -129,10 +129,19 @@ def opt_bool(params: Mapping, key: str, type_name: str, default: bool) -> bool:
     return value
 
 
+@overload
+def opt_int(params: Mapping, key: str, type_name: str, default: int, minimum: int = 0) -> int: ...
+
+
+@overload
+def opt_int(params: Mapping, key: str, type_name: str, default: None, minimum: int = 0) -> int | None: ...
+
+
 def opt_int(params: Mapping, key: str, type_name: str, default: int | None, minimum: int = 0) -> int | None:
-    value = params.get(key, default)
+    """An integer option; its default when absent or null."""
+    value = params.get(key)
     if value is None:
-        return None
+        return default
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise CriterionConfigError(f"{type_name}: '{key}' must be an integer >= {minimum}, got {value!r}")
     return value

@@ -228,7 +228,7 @@ def build_prompt(params: dict, ctx: GradingContext) -> str:
 
 def dialog_text(dialog: list[dict], limit: int) -> str:
     """The conversation, one block per message; the oldest messages go first when it is too long."""
-    blocks = [f"[{DIALOG_SPEAKERS.get(m.get('role'), 'USER')}]\n{m.get('text', '')}" for m in dialog]
+    blocks = [f"[{DIALOG_SPEAKERS.get(str(m.get('role')), 'USER')}]\n{m.get('text', '')}" for m in dialog]
     while len(blocks) > 1 and sum(len(block) + 2 for block in blocks) > limit:
         blocks.pop(0)
     return cap("\n\n".join(blocks), limit) if blocks else "(no conversation)"
@@ -351,7 +351,8 @@ def evaluate_llm_judge(params: dict, ctx: GradingContext) -> tuple[float, dict]:
         reply = post_json(endpoint.url, endpoint.headers, body, timeout)
     verdict = read_verdict(endpoint.provider, reply)
     score = verdict_score(verdict["score"])
-    findings = verdict.get("findings") if isinstance(verdict.get("findings"), list) else []
+    findings = verdict.get("findings")
+    findings = findings if isinstance(findings, list) else []
     details = {
         "provider": endpoint.provider,
         "model": endpoint.model,

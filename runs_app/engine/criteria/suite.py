@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ResultLike(Protocol):
@@ -79,7 +79,8 @@ def classification_metrics(pairs: Sequence[tuple[str, str]]) -> tuple[dict[str, 
     over (expected, observed) label pairs."""
     labels = sorted({label for pair in pairs for label in pair})
     metrics: dict[str, float] = {}
-    per_label, tp_sum, fp_sum, fn_sum = [], 0, 0, 0
+    per_label: list[dict[str, Any]] = []
+    tp_sum, fp_sum, fn_sum = 0, 0, 0
     for label in labels:
         tp = sum(1 for e, o in pairs if e == label and o == label)
         fp = sum(1 for e, o in pairs if e != label and o == label)
@@ -108,7 +109,8 @@ def classification_metrics(pairs: Sequence[tuple[str, str]]) -> tuple[dict[str, 
 
 def aggregate_metrics(results: Sequence[ResultLike]) -> tuple[dict[str, float], dict]:
     """The metrics a criterion offers to `suite_thresholds`, from its per-row results."""
-    metrics, details = score_metrics([r.score for r in results]), {}
+    metrics: dict[str, float] = score_metrics([r.score for r in results])
+    details: dict[str, Any] = {}
     pairs = [
         (r.details["expected_label"], r.details["observed_label"])
         for r in results

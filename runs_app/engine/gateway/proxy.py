@@ -271,7 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(403, f"{host} resolves to {ip}, a private address: egress refused")
             return
         try:
-            upstream = socket.create_connection(address[:2], timeout=30)
+            upstream = socket.create_connection((str(address[0]), int(address[1])), timeout=30)
         except OSError as exc:
             self._error(502, f"cannot reach {self.path}: {exc}")
             return
@@ -327,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> bytes | None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -357,7 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         # run_limits.turn_timeout: a model call that stays silent this long is abandoned.
         timeout = float(self.gateway.limits.get("turn_timeout") or 600)
-        conn = connection_class(target.hostname, target.port, timeout=timeout)
+        conn = connection_class(target.hostname or "", target.port, timeout=timeout)
         try:
             conn.request(self.command, path, body=body or None, headers=headers)
             response = conn.getresponse()

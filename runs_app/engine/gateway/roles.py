@@ -52,8 +52,9 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def budget_limits(budget: Mapping[str, Any] | None) -> dict[str, Any]:
     """A role's `budgets` entry in the gateway's terms (its call cap is the gateway's `max_turns`)."""
-    limits = {k: v for k, v in (budget or {}).items() if k != "max_calls" and v is not None}
-    if (budget or {}).get("max_calls") is not None:
+    budget = budget or {}
+    limits = {k: v for k, v in budget.items() if k != "max_calls" and v is not None}
+    if budget.get("max_calls") is not None:
         limits["max_turns"] = budget["max_calls"]
     return limits
 

@@ -380,11 +380,11 @@ def _probe_cgroup_base(controller: str = "pids") -> Path | None:
         if own is None:
             continue
         parent = Path(mountpoint) / own.lstrip("/")
-        base = parent / "evalsite"
+        base: Path | None = parent / "evalsite"
         try:
             if fstype == "cgroup2":
-                base = _prepare_v2_base(parent, base, controller)
-            else:
+                base = _prepare_v2_base(parent, parent / "evalsite", controller)
+            elif base is not None:
                 base.mkdir(exist_ok=True)
         except OSError:
             continue
@@ -509,24 +509,14 @@ class Cgroup:
         try:
             (path / "pids.max").write_text("max" if max_tasks is None else str(max_tasks))
             memory_base = _memory_base() if memory_bytes is not None else None
-            if memory_base is not None:
+            if memory_base is not None and memory_bytes is not None:
                 cgroup.memory = path if memory_base == base else memory_base / name
                 cgroup.memory.mkdir(exist_ok=True)
-                cgroup._cap_memory(memory_bytes)
+                _cap_memory(cgroup.memory, memory_bytes)
         except OSError:
             cgroup.destroy()
             raise
         return cgroup
-
-    def _cap_memory(self, memory_bytes: int) -> None:
-        if (self.memory / "memory.max").exists():  # v2
-            (self.memory / "memory.max").write_text(str(memory_bytes))
-            with contextlib.suppress(OSError):
-                (self.memory / "memory.swap.max").write_text("0")
-            return
-        (self.memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
-        with contextlib.suppress(OSError):  # no swap accounting on some kernels
-            (self.memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
 
     def open_procs(self) -> list[int]:
         folders = [self.path] + ([self.memory] if self.memory not in (None, self.path) else [])
@@ -566,6 +556,17 @@ class Cgroup:
         return killed, gone
 
 
+def _cap_memory(folder: Path, memory_bytes: int) -> None:
+    if (folder / "memory.max").exists():  # v2
+        (folder / "memory.max").write_text(str(memory_bytes))
+        with contextlib.suppress(OSError):
+            (folder / "memory.swap.max").write_text("0")
+        return
+    (folder / "memory.limit_in_bytes").write_text(str(memory_bytes))
+    with contextlib.suppress(OSError):  # no swap accounting on some kernels
+        (folder / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+
+
 def _remove_cgroup_folder(folder: Path) -> None:
     for _ in range(1000):  # a member killed a moment ago may still be leaving the cgroup
         try:
@@ -603,6 +604,8 @@ class Containment:
         return _tree_members(self.leader, self.token) if self.leader else set()
 
     def signal_group(self, signum: int) -> None:
+        if self.leader is None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.leader, signum)
 

@@ -137,7 +137,7 @@ def python_packages(root: Path, packages: list[str]) -> Path:
 
 def node_packages(root: Path, packages: list[str]) -> Path:
     """A folder whose node_modules holds `packages`, built once per host and requirement set."""
-    bun, npm = shutil.which("bun"), shutil.which("npm")
+    bun, npm = shutil.which("bun"), shutil.which("npm") or ""
     if not (bun or npm):
         raise InstallError("sandbox.node.env_packages needs npm (or bun) on the worker host")
     key = _digest(["node", "bun" if bun else "npm", *packages])

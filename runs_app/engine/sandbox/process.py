@@ -75,6 +75,8 @@ class _Capture:
     def _emit(self) -> None:
         line = self.partial.decode("utf-8", "replace")
         self.partial.clear()
+        if self.on_line is None:
+            return
         try:
             self.on_line(line)
         except BaseException as exc:  # re-raised by run_process once the process is dead
@@ -181,14 +183,13 @@ def run(
     `use_cgroup` False skips the cgroups, True requires one. An exception raised by
     `on_stdout_line` or `should_stop` stops the command and is re-raised once everything is dead.
     """
-    exclusive = identity is not None and is_leased(identity[0])
+    leased = identity[0] if identity is not None and is_leased(identity[0]) else None
     cgroup = None
     if use_cgroup is not False:
         cgroup = Cgroup.create(limits.max_processes, limits.memory_bytes)
         if cgroup is None and use_cgroup:
             raise SandboxError("use_cgroup=True but this worker cannot create a pids cgroup")
     token = secrets_module.token_hex(8)
-    leased = identity[0] if exclusive else None
     containment = Containment(cgroup, leased if cgroup is None else None, token, leased)
     cgroup_fds: list[int] = []
     try:
@@ -267,6 +268,7 @@ class _Supervisor:
         self.memory_exhausted = False
 
     def run(self) -> None:
+        assert self.proc.stdout is not None and self.proc.stderr is not None  # run() opens both pipes
         for stream, capture in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
             _grow_pipe(stream.fileno())
             self.selector.register(stream.fileno(), selectors.EVENT_READ, capture)
@@ -357,7 +359,8 @@ class _Supervisor:
             self.pending_stdin = self.pending_stdin[:0]
         if not self.pending_stdin:
             self.selector.unregister(fd)
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
 
     def shutdown(self) -> None:
         """Whatever happened (including an exception in the loop), leave nothing running."""

@@ -24,6 +24,7 @@ import stat
 import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from runs_app.engine.sandbox import containment
@@ -352,7 +353,7 @@ def snapshot(
     return files
 
 
-def _read_for_diff(path: Path, max_bytes: int) -> bytes | None | bool:
+def _read_for_diff(path: Path, max_bytes: int) -> bytes | None | Literal[False]:
     """File content, None if binary or too big, False if not a regular file or symlink."""
     try:
         info = path.lstat()
@@ -380,7 +381,8 @@ def unified_diff(
     """
     parts = []
     for path in sorted(before.keys() | after.keys()):
-        old, new = before.get(path, False), after.get(path, False)
+        old: bytes | None | Literal[False] = before.get(path, False)
+        new: bytes | None | Literal[False] = after.get(path, False)
         if old == new:
             continue
         chunk = _file_diff(path, old, new)
@@ -396,7 +398,7 @@ def unified_diff(
     return cut.decode("utf-8", "ignore") + marker, True
 
 
-def _file_diff(path: str, old: bytes | None | bool, new: bytes | None | bool) -> str:
+def _file_diff(path: str, old: bytes | None | Literal[False], new: bytes | None | Literal[False]) -> str:
     header = f"diff --git a/{path} b/{path}\n"
     if old is False:
         header += "new file\n"

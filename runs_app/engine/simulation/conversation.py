@@ -84,7 +84,7 @@ def converse(
         messages.append(Message("agent", end.text))
         if not end.completed:
             return Ending("agent_stopped", turns, messages)
-        if checking:
+        if checking and passed_now is not None:
             passed = passed_now()
             record("system", {"subtype": "criteria_checked", "turn": turns, "passed": passed})
             if passed and simulation.get("stop_on_criteria_pass"):
