@@ -33,8 +33,12 @@ def pytest_configure(config):
         digest = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:10]
         os.environ["SANDBOX_ROOT"] = f"/var/tmp/evalsite-test-sandboxes-{digest}"
         settings.SANDBOX_ROOT = Path(os.environ["SANDBOX_ROOT"])
-        if "TRIAL_ROOT" not in os.environ:
-            settings.TRIAL_ROOT = settings.SANDBOX_ROOT
+    if "TRIAL_ROOT" not in os.environ:
+        # This session's trials apart, so that what its killed workers leave can be removed at
+        # its end without touching another session's.
+        os.environ["TRIAL_ROOT"] = str(settings.SANDBOX_ROOT / f"trials-{os.getpid()}")
+        settings.TRIAL_ROOT = Path(os.environ["TRIAL_ROOT"])
+        config._evalsite_trials = settings.TRIAL_ROOT
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("sqlite3"):
         scratch.mkdir(parents=True, exist_ok=True)
@@ -52,6 +56,14 @@ def pytest_unconfigure(config):
     scratch = getattr(config, "_evalsite_scratch", None)
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
+    trials = getattr(config, "_evalsite_trials", None)
+    if trials is not None and trials.is_dir():
+        # Sandboxes the session's killed workers left (on a root worker, each a file system).
+        from runs_app.engine.sandbox import discard
+
+        for folder in trials.iterdir():
+            discard(folder)
+        shutil.rmtree(trials, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -410,6 +410,8 @@ BUNDLE_CACHE_DIR = Path(env_str("BUNDLE_CACHE_DIR", str(VAR_DIR / "bundles")))
 SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 # Disk use of a trial's workspace, HOME and /tmp together, unless sandbox.limits.max_disk_mb says.
 SANDBOX_DISK_MB = env_int("SANDBOX_DISK_MB", 4096, minimum=16)
+# Files and folders a trial may hold, unless sandbox.limits.max_inodes says.
+SANDBOX_INODES = env_int("SANDBOX_INODES", 100_000, minimum=100)
 # A running trial's lease; a worker renews it every third of this. An expired lease means
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)

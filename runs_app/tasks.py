@@ -66,10 +66,22 @@ def _reap_at_start(sender, **kwargs) -> None:
     ).start()
 
 
+SWEEP_EVERY_BEATS = 6
+
+
 def _beat(name: str, slots: int) -> None:
     started = timezone.now()
     versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
+    beats = 0
     while True:
+        beats += 1
+        if beats % SWEEP_EVERY_BEATS == 0:
+            # A worker killed on this host left its trials' folders (each a file system of its
+            # own on a root worker): removed once their leases expired, not at the next start.
+            try:
+                trial_sandbox.sweep_sandboxes()
+            except Exception:
+                logger.warning("sweeping sandbox folders failed", exc_info=True)
         try:
             Worker.objects.update_or_create(
                 name=name,

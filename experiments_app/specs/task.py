@@ -178,6 +178,8 @@ class ResourceLimits(SpecModel):
     max_cpus: float | None = Field(default=None, gt=0)
     max_pids: int | None = Field(default=None, gt=0)
     max_disk_mb: int | None = Field(default=None, gt=0)
+    # evalsite: files and folders the trial may hold (its workspace, HOME and /tmp together).
+    max_inodes: int | None = Field(default=None, gt=0)
 
 
 class SandboxSpec(SpecModel):

@@ -22,7 +22,7 @@ from runs_app.engine.gateway import roles
 from runs_app.engine.grading import AgentTrace
 from runs_app.engine.outcome import Outcome, TrialAborted
 from runs_app.engine.recording import redact
-from runs_app.engine.sandbox import Limits, Mount, Phase, ProcessResult, workspace
+from runs_app.engine.sandbox import Limits, Mount, Phase, ProcessResult
 from runs_app.engine.simulation import answerers, conversation
 from runs_app.engine.trial_sandbox import TrialSandbox
 from runs_app.engine.usage import Usage, budget_crossed, summed
@@ -103,23 +103,6 @@ class AgentRun:
             stderr="".join(result.stderr for result in results),
             duration_seconds=self.seconds,
         )
-
-
-class DiskWatch:
-    """Whether the trial's writable folders grew past their cap (checked every few seconds:
-    walking a large workspace costs milliseconds)."""
-
-    EVERY_SECONDS = 3.0
-
-    def __init__(self, folders: list[Path], cap_bytes: int):
-        self.folders, self.cap = folders, cap_bytes
-        self.next_check = time.monotonic() + self.EVERY_SECONDS
-
-    def exceeded(self) -> bool:
-        if time.monotonic() < self.next_check:
-            return False
-        self.next_check = time.monotonic() + self.EVERY_SECONDS
-        return sum(workspace.tree_size(folder) for folder in self.folders) > self.cap
 
 
 class AgentPhase:
@@ -263,15 +246,12 @@ class AgentPhase:
                 calls = [*run.tool_calls, *parser.tool_calls]
                 state["limit"] = self._tool_call_limit(calls, run_limits, watcher)
 
-        paths = self.box.paths
-        disk = DiskWatch([paths.workspace, paths.home, paths.tmp], self.box.caps.disk_bytes)
-
         def should_stop() -> str | None:
             recorder.flush_if_due()  # the agent's phase and what it printed
             record_calls()
             if model_gateway is not None and state["limit"] is None:
                 state["limit"] = model_gateway.stop_reason()
-            if state["limit"] is None and disk.exceeded():
+            if state["limit"] is None and self.box.disk_exceeded():
                 state["limit"] = "disk"
             lease = self.context.heartbeat.stop_reason() if self.context.heartbeat is not None else None
             return lease or (state["limit"] and "budget") or (parser.fatal and "fatal")

@@ -57,7 +57,7 @@ def regrade(
     started = time.perf_counter()
     outcome = Outcome(Trial.Status.RUNNING, stopped_early=trial.stopped_early)
     try:
-        box.open(experiment_of(trial.run_id))
+        box.open(experiment_of(trial.run_id), purpose="regrade")
         if artifact is not None:
             restore_workspace(artifact, box.paths.workspace)
         box.provide_environment()

@@ -241,6 +241,8 @@ class TrialExecution:
 
     def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
         timings["total"] = time.perf_counter() - started
+        if self.box.over_disk and not outcome.budget_exceeded:
+            outcome.budget_exceeded = "disk"  # whichever phase reached the cap
         outcome.timings = timings
         if self.trial.run.keep_artifacts and self.box.box is not None:
             outcome.artifact = self.box.save_artifact()

@@ -150,7 +150,7 @@ class SuiteHolder(threading.Thread):
     def _open(self, run: Run) -> Sandbox:
         """The suite's sandbox: the experiment's files (its YAML's folder) in its workspace, which
         every trial of the run may read."""
-        box = open_host_sandbox(host_folder(f"suite-{run.pk}-a{run.suite_attempt}"))
+        box = open_host_sandbox(host_folder(f"suite-{run.pk}-a{run.suite_attempt}"), host_caps({}))
         paths = box.started
         box.shared.append(Mount(paths.home, writable=True))
         root = paths.root

@@ -5,9 +5,14 @@ command of a phase, with that phase's limits and mounts:
 
 - setup, pre_run, hooks and post_run see the workspace, HOME, /tmp and the host's task
   environments;
-- grading (run_command criteria) also sees the task's files ($TASK_DIR) and reference
-  ($REFERENCE_DIR), read-only, and the task's venv first on PATH;
-- the agent sees its script, if any, and reaches its model through its gateway only.
+- the agent sees its script, if any, and reaches its model through its gateway only;
+- grading (run_command criteria) sees nothing the agent left outside the workspace: each
+  command gets an empty HOME and /tmp, no user site-packages, and the task's environment as the
+  task built it (its venv, mounted read-only over the workspace's `.venv` whatever the agent did
+  to it, first on PATH; the env_packages' own folders); it also sees the task's files
+  ($TASK_DIR) without the reference solution. The reference ($REFERENCE_DIR) is mounted only
+  into a command that names it (coder-eval's `diff "$REFERENCE_DIR/x" out.txt`), which then
+  sees the workspace read-only.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from runs_app.engine.leases import release_connection
 from runs_app.engine.outcome import TrialAborted
 from runs_app.engine.sandbox import (
     Caps,
+    DiskCap,
     Limits,
     Mount,
     Phase,
@@ -47,6 +53,8 @@ from runs_app.models import Run, Trial
 logger = logging.getLogger(__name__)
 
 VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
+# A command naming $REFERENCE_DIR (or ${REFERENCE_DIR}) compares with the reference solution.
+REFERENCE_TOKEN = "REFERENCE_DIR"
 GIT_TIMEOUT = 120.0
 
 
@@ -59,11 +67,16 @@ def host_folder(name: str) -> Path:
 
 
 def open_host_sandbox(
-    root: Path, *, shared: list[Mount] | None = None, env: dict[str, str] | None = None
+    root: Path, caps: Caps, *, shared: list[Mount] | None = None, env: dict[str, str] | None = None
 ) -> Sandbox:
-    """A started sandbox of the host's driver in `root`."""
+    """A started sandbox of the host's driver in `root`, its folders capped by `caps`."""
     box = open_sandbox(
-        "bubblewrap", root, stage_root=Path(settings.SANDBOX_ROOT) / "runtimes", shared=shared or [], env=env
+        "bubblewrap",
+        root,
+        stage_root=Path(settings.SANDBOX_ROOT) / "runtimes",
+        shared=shared or [],
+        env=env,
+        disk=DiskCap(caps.disk_bytes, caps.max_inodes),
     )
     box.start()
     return box
@@ -76,6 +89,7 @@ def host_caps(config: dict) -> Caps:
         memory_bytes=int(box.get("max_memory_mb") or settings.SANDBOX_MEMORY_MB) << 20,
         disk_bytes=int(box.get("max_disk_mb") or settings.SANDBOX_DISK_MB) << 20,
         max_processes=int(box.get("max_pids") or 512),
+        max_inodes=int(box.get("max_inodes") or settings.SANDBOX_INODES),
         agent_output_bytes=settings.AGENT_OUTPUT_CAP_BYTES,
     )
 
@@ -102,6 +116,11 @@ class TrialSandbox:
         self.venv_env: dict[str, str] = {}
         # The host's task environments (env_packages) every command sees.
         self.env_mounts: list[Mount] = []
+        # The task's venv as the task built it, outside the workspace: grading mounts it over the
+        # workspace's `.venv` (which the agent may have changed). None: the task has no venv.
+        self.grading_venv: Path | None = None
+        # A command of some phase found the trial at its disk or inode cap, and was stopped.
+        self.over_disk = False
 
     @property
     def paths(self) -> SandboxPaths:
@@ -115,9 +134,10 @@ class TrialSandbox:
 
     # --- building it ----------------------------------------------------------------------------
 
-    def open(self, experiment: dict) -> None:
+    def open(self, experiment: dict, purpose: str = "trial") -> None:
         """The trial's sandbox, started, and its task (and experiment) bundle, unpacked once per
-        host. `experiment` is the run's frozen experiment settings (its bundle and YAML path)."""
+        host. `experiment` is the run's frozen experiment settings (its bundle and YAML path);
+        `purpose` names its folder (a re-grade's is not a running trial's, which sweeps check)."""
         if (self.config.get("sandbox") or {}).get("driver") == "docker":  # launches refuse these
             raise TrialAborted("setup", "sandbox.driver: docker: this worker runs no containers")
         shared = [Mount(self.suite_dir)] if self.suite_dir else []
@@ -125,8 +145,8 @@ class TrialSandbox:
             "EVALSITE_TRIAL_ID": str(self.trial.pk),
             **({"EVALSITE_SUITE_DIR": str(self.suite_dir)} if self.suite_dir else {}),
         }
-        root = host_folder(f"trial-{self.trial.pk}-a{self.trial.attempt}")
-        self.box = open_host_sandbox(root, shared=shared, env=env)
+        root = host_folder(f"{purpose}-{self.trial.pk}-a{self.trial.attempt}")
+        self.box = open_host_sandbox(root, self.caps, shared=shared, env=env)
         self.box.shared.insert(0, Mount(self.box.started.home, writable=True))
         version = self.trial.task_version
         self.task_bundle_dir = bundle_cache.unpacked(version.bundle_id)
@@ -174,17 +194,25 @@ class TrialSandbox:
             link = paths.workspace / "node_modules"
             if not link.exists():
                 link.symlink_to(node_env / "node_modules")
-            path.insert(0, str(link / ".bin"))
+            # The environment's own folder, not the workspace's link (the agent may replace it).
+            path.insert(0, str(node_env / "node_modules" / ".bin"))
             self.venv_env |= {"NODE_PATH": "", "NPM_CONFIG_PREFIX": str(paths.home / ".npm-prefix")}
         if python is not None:
             target = paths.workspace / VENV_DIRNAME
+            if python_env:
+                self._share(Mount(python_env))
             if not target.exists():
                 environments.new_venv(root, target, owner=paths.uid)
                 if python_env:
-                    self._share(Mount(python_env))
                     environments.link_python_packages(target, python_env)
                     if paths.uid is not None:
                         workspace.chown_tree(target, paths.uid, paths.uid)
+            self.grading_venv = paths.root / "grading-venv"
+            if not self.grading_venv.exists():
+                environments.new_venv(root, self.grading_venv)
+                if python_env:
+                    environments.link_python_packages(self.grading_venv, python_env)
+                environments.readable_by_all(self.grading_venv)
             path.insert(0, str(target / "bin"))
             self.venv_env["VIRTUAL_ENV"] = str(target)
         if len(path) > 1:
@@ -233,21 +261,40 @@ class TrialSandbox:
         self, command: str, timeout: float, phase: Phase = Phase.GRADING
     ) -> criteria.CommandOutcome:
         """A shell command of the task in the trial's sandbox (pre_run, hooks, post_run,
-        run_command criteria). Only grading sees the task's files and reference solution
-        (read-only): $TASK_DIR, $REFERENCE_DIR."""
-        mounts: list[Mount] = []
-        extra: dict[str, str] = {}
-        if (
-            phase == Phase.GRADING
-        ):  # coder-eval: the venv, node_modules/.bin and TASK_DIR are run_command's only
-            mounts.append(Mount(self.task_bundle_dir))
-            extra = {**self.venv_env, "TASK_DIR": str(self.task_dir)}
-            reference = self.reference_dir()
-            if reference:
-                extra["REFERENCE_DIR"] = str(reference)
-        result = self.run(command, limits=self.limits(phase, timeout), env=extra, mounts=mounts)
+        run_command criteria). Grading's are steered by nothing the agent left (see the module
+        docstring)."""
+        if phase == Phase.GRADING:
+            result = self._grading_command(command, timeout)
+        else:
+            result = self.run(command, limits=self.limits(phase, timeout))
         exit_code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
         return criteria.CommandOutcome(exit_code, result.stdout, result.stderr, result.timed_out)
+
+    def _grading_command(self, command: str, timeout: float) -> ProcessResult:
+        """A run_command criterion (coder-eval: the venv, node_modules/.bin and TASK_DIR are
+        run_command's only)."""
+        mounts = [Mount(self.task_bundle_dir)]
+        env = {**self.venv_env, "TASK_DIR": str(self.task_dir), "PYTHONNOUSERSITE": "1"}
+        reference = self.reference_dir()
+        if reference is not None and REFERENCE_TOKEN in command:
+            env["REFERENCE_DIR"] = str(reference)
+            mounts.append(Mount(self.paths.workspace))  # read-only: nothing it runs may change it
+        elif reference is not None and reference.is_relative_to(self.task_bundle_dir.resolve()):
+            mounts.append(Mount(reference, hidden=True))
+        if self.grading_venv is not None:
+            mounts.append(Mount(self._venv_mount_point(), source=self.grading_venv))
+        limits = self.limits(Phase.GRADING, timeout)
+        return self.run(command, limits=limits, env=env, mounts=mounts, fresh_home=True)
+
+    def _venv_mount_point(self) -> Path:
+        """The workspace's `.venv` as a plain folder, whatever the agent made of it (a link, a
+        file, nothing), for the task's venv to be mounted over."""
+        target = self.paths.workspace / VENV_DIRNAME
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            target.unlink()
+        if not target.exists():
+            target.mkdir()
+        return target
 
     def run(
         self,
@@ -271,10 +318,22 @@ class TrialSandbox:
             if self.paths.uid is not None:
                 os.chown(via.socket_path, self.paths.uid, self.paths.uid)
             env = {**via.sandbox_env(), **env}
-        options.setdefault("should_stop", self.should_stop)
+        options.setdefault("should_stop", self._should_stop)
         release_connection()
         assert self.box is not None
-        return self.box.exec(argv, limits=limits, env=env, mounts=mounts, **options)
+        result = self.box.exec(argv, limits=limits, env=env, mounts=mounts, **options)
+        self.disk_exceeded()  # a command that hit the cap and ended before the next poll
+        return result
+
+    def _should_stop(self) -> str | None:
+        """What stops a command of any phase: the trial's own reasons, or its disk cap."""
+        return self.should_stop() or ("disk" if self.disk_exceeded() else None)
+
+    def disk_exceeded(self) -> bool:
+        """Whether the trial holds its disk or inode cap (once it did, it stays flagged)."""
+        if not self.over_disk and self.box is not None and self.box.disk_exceeded():
+            self.over_disk = True
+        return self.over_disk
 
     def _git(self, argv: list[str], timeout: float, host: str) -> tuple[int, str, bool]:
         """git (cloning a repo source) in the trial's sandbox, whose only way out is a CONNECT

@@ -8,6 +8,7 @@ One folder per driver: `bubblewrap/` (Linux namespaces on the worker host) is th
 - `limits`: the one recipe for a command's limits, by phase;
 - `process`: process control for any driver (launcher, cgroups, caps, stop, leftovers);
 - `containment`: finding every process a command started; the leased sandbox uids;
+- `filesystem`: a sandbox's own file system with its disk and inode caps;
 - `workspace`: a sandbox's folders, template sources, snapshots, diffs, artifacts;
 - `environments`: what the host builds once for many sandboxes (venvs, env_packages).
 
@@ -33,6 +34,7 @@ from runs_app.engine.sandbox.base import (
     resolve_secrets,
 )
 from runs_app.engine.sandbox.bubblewrap import BubblewrapSandbox
+from runs_app.engine.sandbox.filesystem import DiskCap
 from runs_app.engine.sandbox.limits import Caps, Phase, phase_limits
 from runs_app.engine.sandbox.workspace import WorkspaceError
 
@@ -40,6 +42,7 @@ __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "DRIVERS",
     "Caps",
+    "DiskCap",
     "Limits",
     "Mount",
     "Phase",
@@ -67,12 +70,14 @@ def open_sandbox(
     stage_root: Path,
     shared: Sequence[Mount] = (),
     env: Mapping[str, str] | None = None,
+    disk: DiskCap | None = None,
 ) -> Sandbox:
     """A sandbox of `driver` in the fresh folder `root`, not started yet. `stage_root` is where
-    the host keeps what its sandboxes share (staged runtimes)."""
+    the host keeps what its sandboxes share (staged runtimes); `disk` caps what its folders may
+    hold, in every phase."""
     if driver not in DRIVERS:
         raise SandboxError(f"no sandbox driver {driver!r} on this worker (drivers: {', '.join(DRIVERS)})")
-    return DRIVERS[driver](root, stage_root=stage_root, shared=shared, env=env)
+    return DRIVERS[driver](root, stage_root=stage_root, shared=shared, env=env, disk=disk)
 
 
 def discard(root: Path) -> None:

@@ -54,10 +54,15 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Mount:
-    """A host path visible in the sandbox at the same path (read-only unless `writable`)."""
+    """A host path visible in the sandbox at the same path (read-only unless `writable`), or,
+    `hidden`, an empty folder in place of a path a wider mount shows (a task bundle's
+    reference solution, for commands that run the agent's code)."""
 
     path: Path
     writable: bool = False
+    hidden: bool = False
+    # The host folder shown at `path`, when it is another (the task's venv over the workspace's).
+    source: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -148,15 +153,22 @@ class Sandbox:
         on_stdout_line: Callable[[str], None] | None = None,
         should_stop: Callable[[], str | None] | None = None,
         poll_interval: float = 0.25,
+        fresh_home: bool = False,
     ) -> ProcessResult:
         """Run one command: a str through `/bin/sh -c`, in the workspace, with `limits`, the
         shared mounts plus `mounts`, and the scrubbed environment plus `env` (see `environment`).
         Every stdout line goes to `on_stdout_line` as it comes; `should_stop` is polled every
-        `poll_interval` seconds and a reason stops the command (SIGTERM, then SIGKILL)."""
+        `poll_interval` seconds and a reason stops the command (SIGTERM, then SIGKILL).
+        `fresh_home`: an empty HOME and /tmp of its own instead of the sandbox's, removed after
+        (a grader must not run what earlier commands left there)."""
         raise NotImplementedError
 
     def stop(self) -> None:
         """Kill whatever of the sandbox still runs."""
+
+    def disk_exceeded(self) -> bool:
+        """Whether the sandbox holds its disk or inode cap (then the caller stops its command)."""
+        return False
 
     def cleanup(self) -> None:
         """Stop, remove the sandbox's folders and give back what `start` took."""
@@ -170,12 +182,12 @@ class Sandbox:
             raise SandboxError("the sandbox has not been started")
         return self.paths
 
-    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The variables a command sees: the allowlisted ones of the worker, HOME and TMPDIR,
-        the sandbox's own (`self.env`), then `extra`."""
+    def environment(self, extra: Mapping[str, str] | None = None, home: Path | None = None) -> dict[str, str]:
+        """The variables a command sees: the allowlisted ones of the worker, HOME (the
+        sandbox's, or `home`) and TMPDIR, the sandbox's own (`self.env`), then `extra`."""
         paths = self.started
         return build_env(
-            home=paths.home, tmpdir=paths.tmp, allowlist=DEFAULT_ENV_ALLOWLIST, secrets={},
+            home=home or paths.home, tmpdir=paths.tmp, allowlist=DEFAULT_ENV_ALLOWLIST, secrets={},
             extra={**self.env, **(extra or {})},
         )  # fmt: skip
 

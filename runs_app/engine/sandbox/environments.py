@@ -179,12 +179,12 @@ def _built(target: Path, build) -> Path:
         if not (target / COMPLETE).exists():
             shutil.rmtree(target, ignore_errors=True)  # a crashed build's leftovers
             build(target)
-            _readable_by_all(target)
+            readable_by_all(target)
             (target / COMPLETE).touch()
     return target
 
 
-def _readable_by_all(target: Path) -> None:
+def readable_by_all(target: Path) -> None:
     """Sandboxes run as another user, and the worker's umask may be 077: a+rX over the tree."""
     os.chmod(target.parent, 0o755)
     for dirpath, _dirnames, filenames in os.walk(target):

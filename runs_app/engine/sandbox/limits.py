@@ -42,6 +42,7 @@ class Caps:
     memory_bytes: int
     disk_bytes: int
     max_processes: int = 512
+    max_inodes: int = 100_000
     # The agent's stdout is kept up to 4x this (it is parsed), its stderr up to this.
     agent_output_bytes: int = 1 << 20
 

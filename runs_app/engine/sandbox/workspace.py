@@ -120,15 +120,20 @@ def _check_searchable(trial_root: Path) -> None:
             )
 
 
+def release(trial_root: Path) -> None:
+    """Kill what still runs as the trial's uid and give the uid back."""
+    workspace = trial_root / "workspace"
+    if workspace.exists() and os.geteuid() == 0:
+        containment.release_sandbox_uid(workspace.lstat().st_uid)
+
+
 def cleanup(trial_root: Path) -> None:
     """Kill what still runs as the trial's uid, give the uid back, and delete the folder.
 
     Copes with read-only files and folders (an agent may chmod them) and with files owned by the
     sandbox uid.
     """
-    workspace = trial_root / "workspace"
-    if workspace.exists() and os.geteuid() == 0:
-        containment.release_sandbox_uid(workspace.lstat().st_uid)
+    release(trial_root)
     if not trial_root.exists():
         return
     try:
@@ -136,6 +141,17 @@ def cleanup(trial_root: Path) -> None:
     except OSError:
         _make_folders_writable(trial_root)
         shutil.rmtree(trial_root)
+
+
+def remove_tree(root: Path) -> None:
+    """Delete a folder a sandbox wrote to (read-only folders and all)."""
+    try:
+        shutil.rmtree(root)
+    except FileNotFoundError:
+        return
+    except OSError:
+        _make_folders_writable(root)
+        shutil.rmtree(root)
 
 
 def _make_folders_writable(root: Path) -> None:

@@ -199,7 +199,7 @@ def test_a_suite_service_is_set_up_once_serves_every_trial_read_only_and_teardow
     assert steps == [("hooks.suite.setup[0]", 0), ("hooks.suite.teardown[0]", 0)]
     # The one service served every trial, and teardown stopped it.
     assert run.suite_log[1]["output"].strip() == "stopped after serving 3"
-    assert not list(Path(settings.SANDBOX_ROOT).glob(f"suite-{run.pk}-*"))
+    assert not list(Path(settings.TRIAL_ROOT).glob(f"suite-{run.pk}-*"))
     page = admin_client.get(f"/runs/{run.pk}/").content.decode()
     assert "Suite hooks" in page and "torn down" in page and "stopped after serving 3" in page
 

@@ -527,7 +527,7 @@ def test_trials_get_their_folders_under_trial_root_when_it_is_set(tmp_path):
         for trial in Trial.objects.filter(run=run):
             assert trial.status == "passed", (trial.error_message, trial.agent_stderr)
             assert trial.agent_stdout.startswith(f"{trial_root}/trial-{trial.pk}-a1-"), trial.agent_stdout
-            assert not list(Path(settings.SANDBOX_ROOT).glob(f"trial-{trial.pk}-*"))
+            assert not list(Path(settings.TRIAL_ROOT).glob(f"trial-{trial.pk}-*"))
         assert not list(trial_root.iterdir())  # each trial's folder went with it
     finally:
         worker.kill()

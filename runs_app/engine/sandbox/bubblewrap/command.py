@@ -162,6 +162,10 @@ def command_line(
             source = staged(folder, stage_root)
         args += ["--ro-bind", str(source), str(folder)]
     for mount in [Mount(Path(cwd), writable=True), *mounts]:
-        args += ["--bind" if mount.writable else "--ro-bind", str(mount.path), str(mount.path)]
+        if mount.hidden:
+            args += ["--tmpfs", str(mount.path)]
+        else:
+            source = mount.source or mount.path
+            args += ["--bind" if mount.writable else "--ro-bind", str(source), str(mount.path)]
     args += ["--chdir", str(cwd), "--", *command]
     return args
