@@ -234,6 +234,9 @@ class Trial(models.Model):
     error_category = models.CharField(max_length=50, blank=True)
     error_message = models.TextField(blank=True)
     timed_out = models.BooleanField(default=False)
+    # What the agent changed of the task's protected paths (`integrity.protected`), with the diff;
+    # "" when it changed none. A tampered trial fails.
+    tampered = models.TextField(blank=True)
     budget_exceeded = models.CharField(
         max_length=30,
         blank=True,
@@ -379,6 +382,7 @@ class UnitTally(models.Model):
     fingerprint_min = models.CharField(max_length=64, blank=True)
     fingerprint_max = models.CharField(max_length=64, blank=True)
     dataset_rows = models.PositiveIntegerField(default=0)
+    tampered = models.PositiveIntegerField(default=0)
     # "#1 file_exists" -> [passes, graded]: each criterion over the unit's graded trials.
     criteria = models.JSONField(default=dict)
 

@@ -337,6 +337,19 @@ class HooksSpec(SpecModel):
     suite: SuiteHooks | None = None
 
 
+class IntegritySpec(SpecModel):
+    """evalsite: workspace paths (globs, e.g. `tests/**`) the agent must leave as the task set them
+    up. The harness reads them before the agent and again before grading; a trial that changed,
+    added or removed one fails, flagged `tampered`, with the diff."""
+
+    protected: list[str] = Field(min_length=1)
+
+    @field_validator("protected")
+    @classmethod
+    def _relative(cls, v: list[str]) -> list[str]:
+        return [_check_relative(path, "integrity.protected entry") for path in v]
+
+
 # The answerers built in (`runs_app.engine.simulation.answerers`); packages add others with an entry point in
 # this group.
 BUILTIN_ANSWERERS = ("persona", "scripted")
@@ -513,6 +526,7 @@ class TaskSpec(SpecModel):
     pre_run: list[PreRunCommand] = Field(default_factory=list)
     post_run: list[PostRunCommand] = Field(default_factory=list)
     hooks: HooksSpec | None = None
+    integrity: IntegritySpec | None = None
     budgets: Budgets | None = None
     reference: ReferenceSpec | None = None
     dataset: DatasetSpec | None = None

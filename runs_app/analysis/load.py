@@ -106,7 +106,7 @@ def _tally_rows(run_ids: list[int], criteria: bool) -> list[tuple[int, int, int,
     """(run id, variant id, task version id, dataset row id, Cell, criteria) per unit tally."""
     fields = ("run_id", "variant_id", "task_version_id", "dataset_row_id", *CELL_FIELDS,
               "fingerprint_min", "fingerprint_max", "dataset_rows", "answerer_cost",
-              "judge_cost")  # fmt: skip
+              "judge_cost", "tampered")  # fmt: skip
     query = UnitTally.objects.filter(run_id__in=run_ids).order_by()
     if criteria:
         fields = (*fields, "criteria")
@@ -116,9 +116,9 @@ def _tally_rows(run_ids: list[int], criteria: bool) -> list[tuple[int, int, int,
         # million rows).
         cell = Cell(
             *row[4:17], fingerprints=(row[17], row[18]), dataset_rows=row[19], answerer_cost=row[20],
-            judge_cost=row[21],
+            judge_cost=row[21], tampered=row[22],
         )  # fmt: skip
-        rows.append((*row[:4], cell, row[22] if criteria else {}))
+        rows.append((*row[:4], cell, row[23] if criteria else {}))
     return rows
 
 

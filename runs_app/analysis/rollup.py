@@ -53,7 +53,7 @@ def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) ->
 # What one finished trial adds to its unit's tally (the other columns describe the unit).
 ADDED_FIELDS = (
     "passed", "failed", "errors", "agent_errors", "cancelled", "tokens", "cost", "answerer_cost",
-    "judge_cost", "score_sum", "score_n", "duration_sum", "duration_n",
+    "judge_cost", "score_sum", "score_n", "duration_sum", "duration_n", "tampered",
 )  # fmt: skip
 
 
@@ -69,6 +69,7 @@ def _add(tally_id: int, counts: dict, trial: Trial, criteria: Sequence[Criterion
         status == Trial.Status.ERROR and trial.error_category in AGENT_ERROR_CATEGORIES
     )
     share["cancelled"] = int(status == Trial.Status.CANCELLED)
+    share["tampered"] = int(bool(trial.tampered))
     share["tokens"] = (
         trial.input_tokens + trial.output_tokens + trial.cache_read_tokens + trial.cache_creation_tokens
     )
@@ -182,6 +183,7 @@ def grouped_trials(trials) -> dict[tuple[int, int, str], dict[str, Any]]:
         "fingerprint_min": Min(fingerprint),
         "fingerprint_max": Max(fingerprint),
         "dataset_rows": Count("pk", filter=~Q(dataset_row_id="")),
+        "tampered": Count("pk", filter=~Q(tampered="")),
     }
     query = (
         # current() reads trial_comparison_idx in GROUP BY order and skips a sort (see its note).

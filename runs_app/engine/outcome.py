@@ -22,6 +22,7 @@ class Outcome:
     timed_out: bool = False
     budget_exceeded: str = ""
     stopped_early: str = ""
+    tampered: str = ""
     visible_turns: int = 0
     trajectory: dict | None = None
     usage: Usage = field(default_factory=Usage)

@@ -28,7 +28,7 @@ from django.utils import timezone
 from evalsite.versioning import code_version
 from experiments_app.models import TaskVersion
 from runs_app import live, written
-from runs_app.engine import criteria, grading
+from runs_app.engine import criteria, grading, integrity
 from runs_app.engine.agent_phase import AgentPhase
 from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.leases import Heartbeat
@@ -190,6 +190,7 @@ class TrialExecution:
         if failure := self._run_hooks("before", stop_at_first=True):
             return Outcome(Trial.Status.ERROR, "hook", failure)
         before = self.box.snapshot()
+        protected = self._protected()
         agent_started = time.perf_counter()
         # Written with what follows, or while the agent runs (its first poll, within a second):
         # not in a transaction of its own, as for the setup.
@@ -198,18 +199,30 @@ class TrialExecution:
         outcome = result.outcome
         self.agent_process_seconds = result.process_seconds
         timings["agent"] = time.perf_counter() - agent_started
-        outcome.diff, outcome.diff_truncated = workspace_diff(before, self.box.snapshot())
+        after = self.box.snapshot()
+        outcome.diff, outcome.diff_truncated = workspace_diff(before, after)
         if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED):
             return outcome
+        if protected is not None and (changed := integrity.changes(protected, self._protected() or {})):
+            outcome.tampered = redact(tamper_report(changed, before, after), self.context.secret_values)
 
         grading_started = time.perf_counter()
         # What was spent so far is stored before a model is asked to grade (a long call).
         self.recorder.phase("grading", flush=grading.judged(self.config.get("success_criteria") or []))
         grading.grade(self.box, self.context, result.trace, outcome)
         timings["grading"] = time.perf_counter() - grading_started
+        if outcome.tampered:
+            # Graded all the same (the criteria are shown), but a changed test proves nothing.
+            self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "protected paths changed: the trial fails"})
+            outcome.status, outcome.error_category, outcome.error_message = Trial.Status.FAILED, "", ""
         self.recorder.phase("post_run")
         run_steps(self.box, self.context, "post_run", fatal=False)
         return outcome
+
+    def _protected(self) -> dict[str, str] | None:
+        """The digests of the task's protected paths (`integrity.protected`), if it has any."""
+        patterns = (self.config.get("integrity") or {}).get("protected")
+        return integrity.digests(self.box.paths.workspace, list(patterns)) if patterns else None
 
     def _hooks(self, which: str) -> list[dict]:
         return ((self.config.get("hooks") or {}).get("trial") or {}).get(which) or []
@@ -288,6 +301,7 @@ class TrialExecution:
             "timed_out": outcome.timed_out,
             "budget_exceeded": outcome.budget_exceeded,
             "stopped_early": outcome.stopped_early,
+            "tampered": outcome.tampered,
             "visible_turns": outcome.visible_turns,
             "trajectory": outcome.trajectory,
             "agent_exit_code": outcome.exit_code,
@@ -358,6 +372,16 @@ def record_step(context: TrialContext, step: str, command: str, result: criteria
         return ""
     why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
     return f"{step} `{command}` {why}: {result.stderr[-500:].strip()}"
+
+
+def tamper_report(changed: list[str], before: dict, after: dict) -> str:
+    """What changed of the protected paths, then their diff."""
+    paths = {line.split(" ", 1)[1] for line in changed}
+    diff, _ = workspace_diff(
+        {path: content for path, content in before.items() if path in paths},
+        {path: content for path, content in after.items() if path in paths},
+    )
+    return "\n".join(changed) + ("\n\n" + diff if diff else "")
 
 
 def workspace_diff(before: dict, after: dict) -> tuple[str, bool]:

@@ -186,6 +186,7 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         errors=totals["errors"],
         agent_errors=totals["agent_errors"],
         cancelled=totals["cancelled"],
+        tampered=sum(cell.tampered for cell in cells),
         pending=sum(cell.pending for cell in cells),
         units=len(graded_clusters),
         clusters=len(set(graded_clusters)),

@@ -37,6 +37,7 @@ class Run(Protocol):
 SUMMED: tuple[str, ...] = (
     "passed", "failed", "errors", "agent_errors", "cancelled", "total", "score_sum", "score_n",
     "duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost",
+    "tampered",
 )  # fmt: skip
 # Summary CSV column -> Versus attribute.
 VERSUS_COLUMNS = {
@@ -80,6 +81,8 @@ class Cell:
     # What the simulated user's and the judge's model calls cost (`cost` is the agent's).
     answerer_cost: float = 0.0
     judge_cost: float = 0.0
+    # Trials that changed the task's protected paths (failed, flagged).
+    tampered: int = 0
 
     @property
     def tally(self) -> Tally:
@@ -221,6 +224,7 @@ class ArmSummary:
     errors: int
     agent_errors: int
     cancelled: int
+    tampered: int
     pending: int
     units: int  # units with at least one graded trial
     clusters: int
