@@ -8,12 +8,14 @@ Used after the agent (`runner`), between the turns of a simulated conversation
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runs_app.engine import criteria
 from runs_app.engine.context import TrialContext
 from runs_app.engine.criteria import early_stop
 from runs_app.engine.criteria.early_stop import EarlyStop
+from runs_app.engine.criteria.judge import CallRefused, is_judge_failure
 from runs_app.engine.gateway import roles
 from runs_app.engine.outcome import Outcome
 from runs_app.engine.trial_sandbox import TrialSandbox
@@ -61,7 +63,7 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
     )
     specs = context.config.get("success_criteria") or []
     judge = _judge_client(box, context, specs)
-    grading.post_model = judge.post if judge is not None else None
+    grading.post_model = _judge_post(judge) if judge is not None else None
     try:
         result = criteria.grade(specs, grading)
     finally:
@@ -80,10 +82,17 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
     outcome.score = result.score
     if result.error:
         outcome.status = Trial.Status.ERROR
-        outcome.error_category = "grader"
+        outcome.error_category = error_category(result.criteria)
         outcome.error_message = result.error
     else:
         outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
+
+
+def error_category(results: list[criteria.CriterionResult]) -> str:
+    """`judge` when every criterion error is the judge's failure (its key, its endpoint, no usable
+    verdict), so such trials are told apart from the grader's own errors; else `grader`."""
+    errors = [result.error for result in results if result.error]
+    return "judge" if errors and all(is_judge_failure(error) for error in errors) else "grader"
 
 
 def passes_now(box: TrialSandbox, context: TrialContext, trace: AgentTrace) -> bool:
@@ -105,3 +114,16 @@ def _judge_client(box: TrialSandbox, context: TrialContext, specs: list[dict]) -
         return None
     context.secret_values.append(upstream.key)
     return roles.RoleClient("judge", box.root / "judge.sock", upstream, context.budget("judge"))
+
+
+def _judge_post(client: roles.RoleClient) -> Callable[[dict, float], dict]:
+    """The judge's calls through its gateway. A used-up `budgets.judge` is the task's limit, not the
+    judge failing: the criterion says so as CallRefused (and its trial stays a `grader` error)."""
+
+    def post(body: dict, timeout: float) -> dict:
+        try:
+            return client.post(body, timeout)
+        except roles.BudgetRefused as exc:
+            raise CallRefused(str(exc)) from None
+
+    return post

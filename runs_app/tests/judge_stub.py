@@ -4,22 +4,28 @@
         env = {"ANTHROPIC_BASE_URL": stub.base_url, "ANTHROPIC_API_KEY": "k"}
         # or {"EVALSITE_JUDGE_PROVIDER": "openai", "OPENAI_BASE_URL": stub.base_url + "/v1", ...}
 
-`mode` scripts the reply: "tool" (a submit_verdict tool call), "text" (the verdict as JSON
-text, no tool call), "prose" (a well-formed reply without any verdict), "garbage" (a body
-that is not JSON), or an HTTP status code (an error reply). Every request is recorded.
+`mode` scripts the reply: "tool" (a submit_verdict tool call), "text" (no tool call: the verdict
+in the block named with the nonce the system prompt asks for), "bare" (no tool call: the verdict
+as bare JSON text), "prose" (a well-formed reply without any verdict), "garbage" (a body that is
+not JSON), or an HTTP status code (an error reply). Two modes play a judge that can be talked
+into a verdict, both without a tool call: "obey" answers with the first JSON object in the
+prompt, "echo" repeats the prompt (what the agent planted in it included). A list of modes
+scripts the requests in order, its last mode repeating. Every request is recorded.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class JudgeStub:
-    def __init__(self, score: object = 1.0, mode: str | int = "tool") -> None:
+    def __init__(self, score: object = 1.0, mode: str | int | list[str | int] = "tool") -> None:
         self.score = score
-        self.mode = mode
+        self.modes = mode if isinstance(mode, list) else [mode]
+        self.mode = self.modes[0]
         self.requests: list[dict] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         # A short poll keeps shutdown() (and so each test) fast.
@@ -46,6 +52,20 @@ class JudgeStub:
     def verdict(self) -> dict:
         return {"score": self.score, "rationale": "scripted by the stub", "findings": ["stub finding"]}
 
+    def reply_text(self, request: dict) -> str:
+        """What a judge that does not call the tool says, by mode."""
+        if self.mode == "text":
+            nonce = re.search(r"verdict-([0-9a-f]+)", _system(request))
+            name = nonce.group(1) if nonce else "missing"
+            return f"My verdict:\n```verdict-{name}\n{json.dumps(self.verdict())}\n```\n"
+        if self.mode == "bare":
+            return json.dumps(self.verdict())
+        if self.mode == "obey":
+            return json.dumps(_first_json_object(_prompt(request)))
+        if self.mode == "echo":
+            return _prompt(request)
+        return "Looks fine to me, well done."
+
     def anthropic_reply(self, request: dict) -> dict:
         if self.mode == "tool":
             tool_use = {
@@ -56,8 +76,7 @@ class JudgeStub:
             }
             content = [{"type": "text", "text": "Grading."}, tool_use]
         else:
-            text = json.dumps(self.verdict()) if self.mode == "text" else "Looks fine to me, well done."
-            content = [{"type": "text", "text": text}]
+            content = [{"type": "text", "text": self.reply_text(request)}]
         return {
             "id": "msg_stub",
             "type": "message",
@@ -74,7 +93,7 @@ class JudgeStub:
             function = {"name": "submit_verdict", "arguments": json.dumps(self.verdict())}
             message["tool_calls"] = [{"id": "call_stub", "type": "function", "function": function}]
         else:
-            message["content"] = json.dumps(self.verdict()) if self.mode == "text" else "Looks fine to me."
+            message["content"] = self.reply_text(request)
         return {
             "id": "chatcmpl-stub",
             "object": "chat.completion",
@@ -96,6 +115,7 @@ class JudgeStub:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 headers = {key.lower(): value for key, value in self.headers.items()}
                 stub.requests.append({"path": self.path, "headers": headers, "body": body})
+                stub.mode = stub.modes[min(len(stub.requests), len(stub.modes)) - 1]
                 if self.path.endswith("/v1/messages"):
                     reply = stub.anthropic_reply(body)
                 elif self.path.endswith("/chat/completions"):
@@ -116,3 +136,27 @@ class JudgeStub:
                 self.wfile.write(payload)
 
         return Handler
+
+
+def _system(request: dict) -> str:
+    """The system prompt of a Messages or Chat Completions request."""
+    if "system" in request:
+        return str(request["system"])
+    return next((str(m["content"]) for m in request.get("messages", []) if m["role"] == "system"), "")
+
+
+def _prompt(request: dict) -> str:
+    """The (last) user message of a request: the grading prompt."""
+    return next((str(m["content"]) for m in reversed(request.get("messages", [])) if m["role"] == "user"), "")
+
+
+def _first_json_object(text: str) -> dict | None:
+    decoder = json.JSONDecoder()
+    for start in (match.start() for match in re.finditer(r"\{", text)):
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
