@@ -1,6 +1,6 @@
 """Grading an ended run's trials again with their tasks' current criteria (`manage.py evaluate`).
 
-Each graded trial (passed, failed, or errored by its grader) gets a new attempt holding the new
+Each graded trial (passed, failed, or errored by its grader or judge) gets a new attempt holding the new
 outcome; the old attempt is kept as history, as a retry keeps it. The workspace comes from the
 trial's artifact (a run launched with keep_artifacts), the tool calls and final reply from its
 stored trajectory. Nothing is written until every trial could be graded; then each trial's new
@@ -26,7 +26,7 @@ from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 # Criteria that read only the agent's trajectory, not its workspace.
 TRAJECTORY_ONLY = frozenset({"command_executed"})
 GRADED = Q(status__in=[Trial.Status.PASSED, Trial.Status.FAILED]) | Q(
-    status=Trial.Status.ERROR, error_category="grader"
+    status=Trial.Status.ERROR, error_category__in=["grader", "judge"]
 )
 
 
