@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 AGENT = Path(__file__).parents[1] / "hostile" / "launder.py"
 CRITERIA = {
-    "exists": "{type: file_exists, path: out.txt}",
+    "exists": "{type: file_exists, path: out.txt}\n"
+    "  - {type: file_matches_regex, path: out.txt, pattern: 'do+ne'}",
     "loop": "{type: file_contains, path: answer.txt, includes: ['42']}",
     "json": "{type: json_check, path: result.json, assertions: [{expression: value, expected: 1}]}",
     "special": "{type: file_matches_regex, path: report.txt, pattern: ok}\n"
@@ -69,6 +70,11 @@ def test_planted_tricks_fail_like_the_honest_agent_and_are_never_errors(tmp_path
     trials = list(Trial.objects.filter(run=run).select_related("variant", "task_version__task"))
     errors = [(t.variant.slug, t.task_version.task.slug, t.error_category, t.error_message) for t in trials]
     assert not [error for error in errors if error[2]], errors
+    counts = {
+        variant: Counter(t.status for t in trials if t.variant.slug == variant)
+        for variant in ("honest", "hostile")
+    }
+    assert counts["honest"] == counts["hostile"] == {"passed": 2, "failed": 10}, counts  # the same pass rate
     verdicts = Counter((t.variant.slug, t.task_version.task.slug, t.status) for t in trials)
     for slug in CRITERIA:
         expected = "passed" if slug == "exists" else "failed"
