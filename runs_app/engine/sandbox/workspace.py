@@ -71,11 +71,11 @@ DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
 )
 
 
-# What `snapshot` reads in all, and how many entries it lists: far above a real workspace's text.
-SNAPSHOT_MAX_BYTES = 64 << 20
-SNAPSHOT_MAX_ENTRIES = 200_000
-# The regular files an artifact keeps, in bytes.
-ARTIFACT_MAX_BYTES = 512 << 20
+# Past these, the snapshot and the artifact the runner makes of a workspace after the agent stop,
+# so a million files or a sparse terabyte cost bounded time and memory (far above real ones).
+MAX_ENTRIES = 200_000  # folders, files and links listed
+SNAPSHOT_MAX_BYTES = 64 << 20  # text a snapshot reads in all
+ARTIFACT_MAX_BYTES = 512 << 20  # regular files an artifact keeps
 # The longest path the system opens (Linux's PATH_MAX, the terminating NUL included).
 PATH_MAX = 4096
 
@@ -378,7 +378,7 @@ def snapshot(
     ignore_patterns: Iterable[str] = (),
     max_file_bytes: int = 512 << 10,
     max_total_bytes: int = SNAPSHOT_MAX_BYTES,
-    max_entries: int = SNAPSHOT_MAX_ENTRIES,
+    max_entries: int = MAX_ENTRIES,
 ) -> dict[str, bytes | None]:
     """Relative path -> content of every regular file and symlink (its target) in the workspace.
 
@@ -481,20 +481,26 @@ def _lines(content: bytes) -> list[str]:
 
 
 def make_artifact_tarball(
-    workspace: Path, ignore_patterns: Iterable[str] = (), max_bytes: int = ARTIFACT_MAX_BYTES
+    workspace: Path,
+    ignore_patterns: Iterable[str] = (),
+    max_bytes: int = ARTIFACT_MAX_BYTES,
+    max_entries: int = MAX_ENTRIES,
 ) -> bytes:
     """The workspace as a tar.gz (entries under `workspace/`, sorted, symlinks kept as links).
 
     Only folders, regular files and links are kept, any name included. Regular files past
-    `max_bytes` in all (a sparse file of a terabyte, say) and files the worker cannot read (a mode
-    the agent set) are left out, so packing costs bounded time and memory.
+    `max_bytes` in all (a sparse file of a terabyte, say), files the worker cannot read (a mode
+    the agent set) and entries past `max_entries` are left out, so packing costs bounded time and
+    memory.
     """
     buffer = io.BytesIO()
     left = max_bytes
     packed: set[tuple[int, int]] = set()  # tarfile stores a file's further hard links as links
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         tar.add(workspace, arcname="workspace", recursive=False)
-        for relative, info in entries(workspace, ignore_patterns):
+        for count, (relative, info) in enumerate(entries(workspace, ignore_patterns)):
+            if count >= max_entries:
+                break
             if stat.S_ISREG(info.st_mode):
                 inode = (info.st_dev, info.st_ino)
                 if inode not in packed:
