@@ -213,6 +213,9 @@ class Gateway:
         self.cost_usd = 0.0
         self.unpriced: set[str] = set()
         self.calls = 0
+        # Forwarded calls the model's API failed (5xx, unreachable, refused the key, rate-limited):
+        # what makes an agent's "the API failed" an infrastructure error rather than its own.
+        self.upstream_failures = 0
         self.crossed: str | None = None
         self.events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -350,6 +353,8 @@ class Gateway:
         if prices is not None:
             call.cost_usd = estimate_cost(call.usage, prices)
         with self._lock:
+            if call.status >= 500 or call.status in (401, 403, 408, 429):
+                self.upstream_failures += 1
             for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens",
                          "reasoning_tokens"):  # fmt: skip
                 setattr(self.usage, name, getattr(self.usage, name) + getattr(call.usage, name))
