@@ -71,8 +71,8 @@ KINDS: dict[str, AgentKindInfo] = {
                 "permission_mode", "allowed_tools", "disallowed_tools", "max_turns", "append_system_prompt",
                 "system_prompt", "system_prompt_file", "include_partial_messages", "max_budget_usd",
                 "max_retries", "provider", "region", "project_id",
-                # Still accepted without effect, as before: coder-eval's own examples set it, and
-                # mapping it onto the CLI is open work (noted on issue 11).
+                # coder-eval's, passed to the CLI as its SDK does (`claude_options`).
+                "system_prompt_mode", "setting_sources", "plugins", "claude_settings", "context_window",
                 "sdk_options",
             },
             can_resume=True, cli="claude", cli_variable="EVALSITE_CLAUDE_BIN", providers=("anthropic",),
@@ -140,30 +140,16 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-# coder-eval agent options evalsite does not implement: refused by name, not ignored.
-UNBUILT_OPTIONS = {
-    "plugins": "local Claude Code plugins",
-    "claude_settings": "a Claude Code settings file",
-    "setting_sources": "Claude Code setting sources",
-    "system_prompt_mode": "coder-eval's system prompt modes (use system_prompt or append_system_prompt)",
-    "context_window": "a context window cap",
-}
-
-
 def option_problems(kind: str | None, keys: list[str], inherited: bool = False) -> list[tuple[str, str]]:
-    """(key, message) for each agent option no kind reads (a typo, or a coder-eval option not
-    built here) and, when `kind` is given, each option of another kind. A plugin kind's options
+    """(key, message) for each agent option no kind reads (a typo) and, when `kind` is given,
+    each option of another kind. A plugin kind's options
     are its own business."""
     if kind is not None and kind not in KIND_OPTIONS:
         return []
     every = COMMON_OPTIONS.union(*KIND_OPTIONS.values())
     problems = []
     for key in keys:
-        if key in UNBUILT_OPTIONS:
-            problems.append(
-                (key, f"coder-eval's agent option {key!r} ({UNBUILT_OPTIONS[key]}) is not built in evalsite")
-            )
-        elif key not in every:
+        if key not in every:
             allowed = sorted(COMMON_OPTIONS | KIND_OPTIONS[kind]) if kind else sorted(every)
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]!r}?" if close else ""

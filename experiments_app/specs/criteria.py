@@ -10,12 +10,20 @@ Adding a type: its model here (and in the union), its implementation in a family
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import jmespath
 from pydantic import Field, field_validator, model_validator
 
 from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path, has_row_var
+from experiments_app.specs.cli_recording import (
+    RECORD_CLI_LOG,
+    FlagMatch,
+    facet_problems,
+    lowered_spec,
+    verb_problems,
+)
 
 
 class BaseCriterion(SpecModel):
@@ -46,7 +54,7 @@ class BaseCriterion(SpecModel):
                 (
                     ("stop_early",),
                     "stop_early arms a criterion that can be decided while the agent runs, and only "
-                    "command_executed can (coder-eval's other one, skill_triggered, is not built)",
+                    "command_executed and skill_triggered can",
                 )
             )
         return data
@@ -191,22 +199,16 @@ class StopEarlyPolicy(SpecModel):
     decide_within: int | None = Field(default=None, ge=1, le=100_000)
 
 
-class CommandExecuted(BaseCriterion):
-    type: Literal["command_executed"]
-    tool_name: str | None = None
-    command_pattern: str | None = None
-    exclude_pattern: str | None = None
-    min_count: int = Field(default=1, ge=0)
-    max_count: int | None = Field(default=None, ge=0)
-    require_success: bool = False
-    # The one criterion decidable from a partial trajectory (coder-eval's LiveSuccessCriterion;
-    # its other one, skill_triggered, is not built), so the only one that may be armed.
+class LiveCriterion(BaseCriterion):
+    """A criterion decidable from a partial trajectory (coder-eval's LiveSuccessCriterion): the
+    only kind a `stop_early` block may arm (`runs_app.engine.criteria.early_stop`)."""
+
     stop_early: StopEarlyPolicy | None = None
 
     requires_agent: ClassVar[bool] = True
 
     @model_validator(mode="after")
-    def _armed_gates(self) -> CommandExecuted:
+    def _armed_gates(self) -> LiveCriterion:
         if self.stop_early is not None and self.weight == 0:
             raise SpecError(
                 (
@@ -216,6 +218,16 @@ class CommandExecuted(BaseCriterion):
                 )
             )
         return self
+
+
+class CommandExecuted(LiveCriterion):
+    type: Literal["command_executed"]
+    tool_name: str | None = None
+    command_pattern: str | None = None
+    exclude_pattern: str | None = None
+    min_count: int = Field(default=1, ge=0)
+    max_count: int | None = Field(default=None, ge=0)
+    require_success: bool = False
 
     @model_validator(mode="after")
     def _counts(self) -> CommandExecuted:
@@ -232,6 +244,112 @@ class CommandExecuted(BaseCriterion):
         if issues:
             raise SpecError(*issues)
         return self
+
+
+class SkillTriggered(LiveCriterion):
+    """Did the agent engage `skill_name`: a `Skill` tool call naming it, or any string parameter
+    of a call holding `skills/<skill_name>/` (an agent reading the skill's files). Observed "yes"
+    or "no"; expected "yes" when `expected_skill` (a dataset row's, "" for negatives) is
+    `skill_name`. Scores 1.0 when the two agree, with labels for the suite's classification
+    metrics."""
+
+    type: Literal["skill_triggered"]
+    expected_skill: str
+    skill_name: str
+
+
+class CommandsEfficiency(BaseCriterion):
+    """expected / max(actual, expected) over the agent's tool calls; 0.0 with none."""
+
+    type: Literal["commands_efficiency"]
+    expected_commands: int = Field(ge=1)
+
+    requires_agent: ClassVar[bool] = True
+
+
+class ReferenceComparison(BaseCriterion):
+    """A workspace file against one file of the task's reference folder: `ast` (node types in
+    walk order), `token` (token types) or `complexity` (radon metrics), each scored 0..1.
+    `pass_threshold` is `similarity_threshold`, as in coder-eval."""
+
+    type: Literal["reference_comparison"]
+    agent_file: str
+    reference_file: str
+    comparison_method: Literal["ast", "token", "complexity"] = "ast"
+    similarity_threshold: float = Field(default=0.8, ge=0.0, le=1.0)
+
+    requires_agent: ClassVar[bool] = True
+
+    @field_validator("agent_file")
+    @classmethod
+    def _agent_file(cls, v: str) -> str:
+        return check_workspace_path(v, "agent_file")
+
+    @field_validator("reference_file")
+    @classmethod
+    def _inside_reference(cls, v: str) -> str:
+        cleaned = v.strip()
+        if not cleaned:
+            raise ValueError("must be a non-empty path inside the task's reference folder")
+        candidate = PurePosixPath(cleaned.replace("\\", "/"))
+        if candidate.is_absolute() or ".." in candidate.parts:
+            raise ValueError(
+                f"must be relative to the task's reference folder and stay inside it (no leading '/', "
+                f"no '..'), got {v!r}"
+            )
+        return cleaned
+
+    @model_validator(mode="after")
+    def _threshold_is_similarity(self) -> ReferenceComparison:
+        # coder-eval: similarity_threshold is the domain's name for the pass threshold, and wins.
+        self.pass_threshold = self.similarity_threshold
+        return self
+
+
+class CliCalled(BaseCriterion):
+    """How many calls in a `record_cli` log match an argv pattern; binary: 1.0 when the count is
+    in [min_count, max_count]. An unreadable log (missing, a write error, a line that is not a
+    record) fails the check rather than scoring what it holds."""
+
+    type: Literal["cli_called"]
+    log: str = RECORD_CLI_LOG
+    verb: str | None = None
+    verb_any_of: list[str] | None = None
+    tool: str | None = None
+    positional: list[str] | None = None
+    flags: dict[str, FlagMatch] | None = None
+    value_flags: list[str] = Field(default_factory=lambda: ["output"])
+    min_count: int = Field(default=1, ge=0)
+    max_count: int | None = Field(default=None, ge=0)
+    ignore_flags: list[str] = Field(default_factory=lambda: ["output"])
+
+    @field_validator("log")
+    @classmethod
+    def _log_in_workspace(cls, v: str) -> str:
+        return check_workspace_path(v, "log")
+
+    @model_validator(mode="after")
+    def _pattern(self) -> CliCalled:
+        problems = verb_problems(self.verb, self.verb_any_of, "cli_called")
+        if self.min_count == 0 and self.max_count is None:
+            problems.append(
+                "min_count: 0 without max_count can never fail: set max_count: 0 for a guard, or raise "
+                "min_count"
+            )
+        if self.max_count is not None and self.max_count < self.min_count:
+            problems.append(f"max_count ({self.max_count}) must be >= min_count ({self.min_count})")
+        problems += facet_problems(self.positional, self.flags, self.ignore_flags, "cli_called")
+        if not (self.verb or self.verb_any_of or self.positional or self.flags or self.tool):
+            problems.append("cli_called needs at least one of verb / verb_any_of / positional / flags / tool")
+        if problems:
+            raise SpecError(*((("type",), problem) for problem in problems))
+        return self
+
+    @property
+    def match_spec(self) -> dict[str, Any]:
+        return lowered_spec(
+            self.verb, self.verb_any_of, self.positional, self.flags, self.value_flags, self.ignore_flags
+        )
 
 
 class ClassificationMatch(BaseCriterion):
@@ -263,6 +381,79 @@ class LlmJudge(BaseCriterion):
     capture_transcript: bool = True
 
 
+class JudgeAgent(SpecModel):
+    """The agent an `agent_judge` runs: a Claude Code CLI (coder-eval's built-in judge kind)."""
+
+    type: Literal["claude-code"] = "claude-code"
+    model: str | None = None
+    permission_mode: str = "bypassPermissions"
+    allowed_tools: list[str] = Field(default_factory=lambda: ["Bash", "Read", "Glob", "Grep"])
+    disallowed_tools: list[str] | None = None
+    # Added to the security floor (`.claude`, `.mcp.json`, `_reference`), never replacing it.
+    ignore_patterns: list[str] = Field(
+        default_factory=lambda: [".git", "node_modules", "__pycache__", ".venv"]
+    )
+    sdk_options: dict[str, Any] = Field(default_factory=dict)
+    context_window: int | None = Field(default=None, ge=100_000, le=1_000_000)
+    max_retries: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_by_the_harness(cls, data: Any) -> Any:
+        fixed = {
+            "system_prompt": "the judge's system prompt is the harness's",
+            "system_prompt_file": "the judge's system prompt is the harness's",
+            "system_prompt_mode": "the judge's system prompt always replaces Claude Code's",
+            "setting_sources": "the judge loads no settings (a planted .claude/ must not reach it)",
+            "plugins": "the judge loads no plugins",
+            "claude_settings": "the judge loads no settings",
+        }
+        found = [
+            ((key,), f"{why}: remove {key}")
+            for key, why in fixed.items()
+            if isinstance(data, dict) and key in data
+        ]
+        if found:
+            raise SpecError(*found)
+        return data
+
+
+class AgentJudge(BaseCriterion):
+    """A Claude Code agent grades the work in a copy of the workspace (coder-eval's agent_judge):
+    it reads and runs what it needs, then calls `submit_verdict` (score 0..1, rationale,
+    findings). Its model calls go through the trial's judge gateway, under `budgets.judge`."""
+
+    type: Literal["agent_judge"]
+    needs_model: ClassVar[bool] = True
+    pass_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
+    enabled: bool = True
+    prompt: str
+    files: list[str] = Field(default_factory=list)
+    include_reference: bool = True
+    include_agent_output: bool = False
+    include_tool_calls: bool = False
+    include_dialog: bool = False
+    max_dialog_chars: int = Field(default=80_000, gt=0)
+    max_file_chars: int = Field(default=20_000, gt=0)
+    max_turns: int = Field(default=50, gt=0)
+    turn_timeout: int = Field(default=300, ge=10)
+    agent: JudgeAgent = Field(default_factory=JudgeAgent)
+    capture_transcript: bool = True
+    max_transcript_chars: int = Field(default=100_000, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdict_channel_removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "verdict_channel" in data:
+            raise SpecError(
+                (
+                    ("verdict_channel",),
+                    "removed in coder-eval: the submit_verdict tool is the only channel; delete it",
+                )
+            )
+        return data
+
+
 Criterion = Annotated[
     FileExists
     | FileContains
@@ -271,8 +462,13 @@ Criterion = Annotated[
     | JsonCheck
     | RunCommand
     | CommandExecuted
+    | SkillTriggered
+    | CommandsEfficiency
+    | ReferenceComparison
+    | CliCalled
     | ClassificationMatch
-    | LlmJudge,
+    | LlmJudge
+    | AgentJudge,
     Field(discriminator="type"),
 ]
 # The one list of criterion types: the union's members, by their `type` value. The engine's

@@ -41,6 +41,7 @@ from experiments_app.specs.bundles import (
     make_bundle,
     too_large_message,
 )
+from experiments_app.specs.claude_options import plugin_path
 from experiments_app.specs.yaml_errors import (
     Doc,
     Loc,
@@ -202,6 +203,11 @@ def layer_refs(layer: Any, prefix: Loc = ()) -> list[_Ref]:
     script = (agent.model_extra or {}).get("script") if agent is not None else None
     if isinstance(script, str):
         refs.append(_Ref((*prefix, "agent", "script"), script, "file"))
+    # A Claude Code plugin's folder travels in the bundle too; the runner mounts it for the agent.
+    plugins = (agent.model_extra or {}).get("plugins") if agent is not None else None
+    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+        if isinstance(plugin, dict) and isinstance(plugin.get("path"), str):
+            refs.append(_Ref((*prefix, "agent", "plugins", i, "path"), plugin_path(plugin["path"]), "dir"))
     sandbox = getattr(layer, "sandbox", None)
     for where, sources in (
         (("sandbox", "template_sources"), sandbox.template_sources if sandbox else None),

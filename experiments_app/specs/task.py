@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 
-from experiments_app.specs import agent_kinds
+from experiments_app.specs import agent_kinds, claude_options
 from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path
+from experiments_app.specs.cli_recording import RecordedCli, duplicate_tools
 from experiments_app.specs.criteria import Criterion
 from experiments_app.specs.unbuilt import refuse_unbuilt
 
@@ -69,6 +70,9 @@ def _check_relative(path: str, what: str) -> str:
 # --- agent -------------------------------------------------------------------------------
 
 
+CLAUDE_KIND = "claude-code"
+
+
 class AgentSpec(SpecModel):
     """Agent kind, model and options. `type` may come from another layer (experiment defaults)."""
 
@@ -89,9 +93,14 @@ class AgentSpec(SpecModel):
         resolved = bool((info.context or {}).get("resolved"))
         kind = None if resolved else self.type
         keys = [*(self.model_extra or {}), *(["system_prompt_file"] if self.system_prompt_file else [])]
-        problems = agent_kinds.option_problems(kind, keys)
+        problems: list[tuple[tuple[str | int, ...], str]] = [
+            ((key,), message) for key, message in agent_kinds.option_problems(kind, keys)
+        ]
+        if self.type in (None, CLAUDE_KIND):
+            options = {"system_prompt_file": self.system_prompt_file, **(self.model_extra or {})}
+            problems += claude_options.problems(options, resolved=resolved)
         if problems:
-            raise SpecError(*(((key,), message) for key, message in problems))
+            raise SpecError(*problems)
         return self
 
 
@@ -191,6 +200,8 @@ class SandboxSpec(SpecModel):
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     template_sources: list[TemplateSource] | None = None
     mock_path_dirs: list[str] | None = None
+    # coder-eval's recording shims, read by cli_called (`cli_recording`).
+    record_cli: list[RecordedCli] | None = None
     ignore_patterns: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
     )
@@ -220,6 +231,8 @@ class SandboxSpec(SpecModel):
     @model_validator(mode="after")
     def _sources(self) -> SandboxSpec:
         check_template_sources(self.template_sources or [], ("template_sources",))
+        if duplicated := duplicate_tools(self.record_cli or []):
+            raise SpecError(*(((("record_cli", *loc), message)) for loc, message in duplicated))
         if self.network == "bridge" and not self.allowed_hosts:
             raise SpecError(
                 (("network",), "network: bridge needs allowed_hosts: list the hosts the task may reach "
@@ -708,6 +721,14 @@ def _criteria_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple
             )
         if crit.suite_thresholds and task.dataset is None:
             issues.append((("success_criteria", i, "suite_thresholds"), "requires a dataset: block"))
+        if crit.type == "reference_comparison" and task.reference is None:
+            issues.append(
+                (
+                    ("success_criteria", i, "reference_file"),
+                    "reference_comparison compares with the task's reference folder, and the task has no "
+                    "reference: block",
+                )
+            )
         uses_reference = any(f.startswith(REFERENCE_DIR_TOKEN) for f in getattr(crit, "files", []))
         uses_reference |= REFERENCE_DIR_TOKEN in (getattr(crit, "command", "") or "")
         if uses_reference and task.reference is None:

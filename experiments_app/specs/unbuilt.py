@@ -16,12 +16,6 @@ Loc = tuple[str | int, ...]
 # (path, what it is in coder-eval, what to do instead)
 _UNBUILT: list[tuple[Loc, str, str]] = [
     (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
-    (("expected_commands",), "the command budget of commands_efficiency", "remove it"),
-    (
-        ("sandbox", "record_cli"),
-        "recording the CLI calls the agent makes, for cli_called",
-        "remove it (cli_called is not built either)",
-    ),
     (
         ("sandbox", "limits", "max_cpus"),
         "a CPU cap, enforced by coder-eval only under driver: docker",

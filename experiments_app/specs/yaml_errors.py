@@ -23,14 +23,9 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faste
 
 Loc = tuple[str | int, ...]
 
-# coder-eval criterion types evalsite does not grade yet: named as such, not as typos.
+# coder-eval criterion types that cannot exist here (they call a vendor's service): named as
+# such, not as typos.
 UNBUILT_CRITERIA = {
-    "cli_called": "which CLI commands the agent ran, by argv pattern",
-    "skill_triggered": "whether a Claude Code skill fired",
-    "agent_judge": "an agent grading the workspace",
-    "reference_comparison": "comparing the workspace with the reference solution",
-    "commands_efficiency": "the agent's command count against expected_commands",
-    "record_cli": "recorded CLI invocations",
     "checker_context": "checker context files",
     "system_one_judge": "UiPath's System One judge",
     "uipath_eval": "UiPath evaluations",

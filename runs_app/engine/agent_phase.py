@@ -14,6 +14,8 @@ from typing import Any
 
 from django.conf import settings
 
+from experiments_app.specs.claude_options import plugin_path
+from experiments_app.specs.cli_recording import RECORD_CLI_DIR
 from runs_app.engine import agents, criteria, gateway, grading
 from runs_app.engine.agents import base as agent_base
 from runs_app.engine.context import TrialContext, stopped
@@ -429,6 +431,18 @@ class AgentPhase:
                 config["command"] = [part.replace("{script}", str(script)) for part in command]
             elif isinstance(command, str):
                 config["command"] = command.replace("{script}", str(script))
+        if config.get("plugins"):
+            # coder-eval's Claude Code plugins: folders of the bundle, mounted read-only for the agent.
+            bundle_dir, yaml_dir = self.box.origin("agent.plugins")
+            placed = []
+            for plugin in config["plugins"]:
+                folder = (bundle_dir / yaml_dir / plugin_path(str(plugin.get("path", "")))).resolve()
+                if not folder.is_relative_to(bundle_dir.resolve()) or not folder.is_dir():
+                    raise TrialAborted(
+                        "setup", f"agent.plugins path {plugin.get('path')!r} is not a folder in the bundle"
+                    )
+                placed.append({**plugin, "path": str(folder)})
+            config["plugins"] = placed
         if config.get("system_prompt_file"):
             # coder-eval: the file's text is the system prompt (the two are mutually exclusive).
             bundle_dir, yaml_dir = self.box.origin("agent.system_prompt_file")
@@ -447,16 +461,22 @@ class AgentPhase:
         return self.box.limits(Phase.AGENT, wall)
 
     def _agent_mounts(self, agent_config: dict) -> list[Mount]:
-        """The agent's script (agent.script), read-only: nothing else of the bundles."""
+        """The agent's script (agent.script) and plugin folders (agent.plugins), read-only:
+        nothing else of the bundles."""
         script = agent_config.get("script_path")
-        return [Mount(Path(script))] if script else []
+        plugins = [Mount(Path(plugin["path"])) for plugin in agent_config.get("plugins") or []]
+        return ([Mount(Path(script))] if script else []) + plugins
 
     def _mock_path(self) -> dict[str, str]:
         """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
-        executables first on the agent's PATH (missing folders are skipped, as there)."""
+        executables first on the agent's PATH (missing folders are skipped, as there), after the
+        `record_cli` shims' folder."""
         dirs = []
         workspace_dir = self.box.paths.workspace
-        for relative in (self.context.config.get("sandbox") or {}).get("mock_path_dirs") or []:
+        box = self.context.config.get("sandbox") or {}
+        if box.get("record_cli"):  # the recording shims come first (coder-eval's order)
+            dirs.append(str(workspace_dir / RECORD_CLI_DIR))
+        for relative in box.get("mock_path_dirs") or []:
             folder = (workspace_dir / relative).resolve()
             if not folder.is_relative_to(workspace_dir.resolve()) or not folder.is_dir():
                 continue

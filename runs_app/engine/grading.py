@@ -17,6 +17,7 @@ from runs_app.engine.criteria import early_stop
 from runs_app.engine.criteria.early_stop import EarlyStop
 from runs_app.engine.criteria.judge import CallRefused, is_judge_failure
 from runs_app.engine.gateway import roles
+from runs_app.engine.judge_agent import JudgeAgentRunner
 from runs_app.engine.outcome import Outcome
 from runs_app.engine.trial_sandbox import TrialSandbox
 from runs_app.models import Trial
@@ -64,6 +65,8 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
     specs = context.config.get("success_criteria") or []
     judge = _judge_client(box, context, specs)
     grading.post_model = _judge_post(judge) if judge is not None else None
+    if judge is not None:
+        grading.run_judge_agent = JudgeAgentRunner(box, judge, context.secret_values)
     try:
         result = criteria.grade(specs, grading)
     finally:
@@ -103,8 +106,9 @@ def passes_now(box: TrialSandbox, context: TrialContext, trace: AgentTrace) -> b
 
 
 def _judge_client(box: TrialSandbox, context: TrialContext, specs: list[dict]) -> roles.RoleClient | None:
-    """The judge's own gateway, when a criterion asks a model: its calls are the judge's
-    (counted, priced, `budgets.judge`). Without a key there is none, and the criterion says
+    """The judge's own gateway, when a criterion asks a model (llm_judge's calls, an agent_judge's
+    agent): its calls are the judge's (counted, priced, `budgets.judge`). Without a key there is
+    none, and the criterion says
     which key to set."""
     if not judged(specs):
         return None

@@ -178,6 +178,7 @@ class TrialExecution:
     def setup(self) -> None:
         self.box.open(experiment_of(self.trial.run_id))
         self.box.apply_template_sources()
+        self.box.write_cli_recorders()
         self.box.provide_environment()
         self.recorder.phase("pre_run")
         run_steps(self.box, self.context, "pre_run", fatal=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -56,6 +57,13 @@ VENV_DIRNAME = ".venv"  # coder-eval's name; artifacts leave it out
 # A command naming $REFERENCE_DIR (or ${REFERENCE_DIR}) compares with the reference solution.
 REFERENCE_TOKEN = "REFERENCE_DIR"
 GIT_TIMEOUT = 120.0
+
+
+def shim_interpreter() -> str:
+    """The Python a record_cli shim runs with: the system's, which every sandbox sees read-only
+    (the worker's own may live where a sandbox cannot look)."""
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    return os.path.realpath(system or sys.executable)
 
 
 def host_folder(name: str) -> Path:
@@ -166,6 +174,19 @@ class TrialSandbox:
                 self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self.ignore_patterns(),
                 first_index=index, git=self._git,
             )  # fmt: skip
+
+    def write_cli_recorders(self) -> None:
+        """coder-eval's `sandbox.record_cli`: a recording shim per tool in the workspace's
+        `cli_mocks/` (the agent's PATH starts there), and the empty log `cli_called` reads."""
+        box = self.config.get("sandbox") or {}
+        if not box.get("record_cli"):
+            return
+        workspace_dir = self.paths.workspace
+        mock_dirs = [workspace_dir / folder for folder in box.get("mock_path_dirs") or []]
+        try:
+            criteria.cli.write_recorders(workspace_dir, box["record_cli"], shim_interpreter(), mock_dirs)
+        except ValueError as exc:
+            raise TrialAborted("setup", f"sandbox.record_cli: {exc}") from None
 
     def provide_environment(self) -> None:
         """coder-eval's per-sandbox virtualenv (`sandbox.python`, on unless null): `.venv` in the

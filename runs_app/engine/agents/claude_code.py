@@ -8,7 +8,10 @@ Config keys: ``model``, ``permission_mode`` (default acceptEdits), ``allowed_too
 ``include_partial_messages`` (bool), ``max_budget_usd``, ``max_retries`` (CLAUDE_CODE_MAX_RETRIES),
 ``base_url`` (else ANTHROPIC_BASE_URL from the worker), ``extra_args`` (list), ``env`` (extra
 non-secret variables), ``binary``, ``prices`` (USD per MTok: input/output/cache_write/cache_read,
-for the live cost estimate).
+for the live cost estimate); and coder-eval's ``system_prompt_mode``, ``setting_sources``,
+``plugins`` (their folders already resolved by the runner), ``claude_settings``,
+``context_window`` and ``sdk_options``, passed as coder-eval's SDK passes them (the table in
+``experiments_app.specs.claude_options``).
 
 The stream format is documented in shared/agent-samples/FORMATS.md; the points that matter here:
 * one API response can come out as several ``assistant`` lines with the same ``message.id``, each
@@ -22,10 +25,12 @@ The stream format is documented in shared/agent-samples/FORMATS.md; the points t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments_app.specs import claude_options as option_rules
 from experiments_app.specs import providers
 from experiments_app.specs.agent_kinds import KINDS
 from runs_app.engine.usage import Usage, estimate_cost
@@ -98,6 +103,11 @@ class ClaudeCodeAgent(AgentKind):
             )
         if provider == "vertex" and not config.get("project_id"):
             raise AgentSetupError("claude-code: provider vertex needs project_id (the Google Cloud project)")
+        if problems := option_rules.problems(config, resolved=True, placed=True):
+            raise AgentSetupError(
+                "claude-code: "
+                + "; ".join(f"{'.'.join(map(str, where))}: {message}" for where, message in problems)
+            )
         key = providers.PROVIDERS[provider].key_variable
         binary = require_cli(self.info, key, config, secrets)
         on_argv = prompt_fits_argv(prompt)
@@ -144,13 +154,67 @@ def claude_options(config: Mapping[str, Any]) -> list[str]:
         ("max_turns", "--max-turns"),
         ("max_budget_usd", "--max-budget-usd"),
         ("append_system_prompt", "--append-system-prompt"),
-        ("system_prompt", "--system-prompt"),
     ):
         if config.get(key) not in (None, ""):
             args += [flag, str(config[key])]
+    args += _system_prompt(config)
     if config.get("include_partial_messages"):
         args.append("--include-partial-messages")
+    sources = config.get("setting_sources")
+    args.append(
+        "--setting-sources=" + ",".join(option_rules.DEFAULT_SETTING_SOURCES if sources is None else sources)
+    )
+    for plugin in config.get("plugins") or []:
+        args += ["--plugin-dir", str(plugin["path"])]
+    settings = config.get("claude_settings")
+    if isinstance(settings, dict):
+        args += ["--settings", json.dumps(settings)]
+    elif isinstance(settings, str):
+        args += ["--settings", settings]
+    args += _sdk_flags(config.get("sdk_options") or {})
     return args + [str(arg) for arg in config.get("extra_args") or []]
+
+
+def _system_prompt(config: Mapping[str, Any]) -> list[str]:
+    """coder-eval's two regimes: `append` (default) layers the prompt on Claude Code's own, whose
+    per-machine sections move to the first message (the SDK preset's exclude_dynamic_sections);
+    `replace` sends it as the whole system prompt."""
+    prompt = config.get("system_prompt")
+    if config.get("system_prompt_mode") == "replace":
+        return ["--system-prompt", str(prompt)]
+    flags = ["--exclude-dynamic-system-prompt-sections"]
+    if isinstance(prompt, str) and prompt.strip():
+        flags = ["--append-system-prompt", prompt, *flags]
+    return flags
+
+
+def _sdk_flags(sdk: Mapping[str, Any]) -> list[str]:
+    """`sdk_options` as the SDK's transport turns them into flags (claude_agent_sdk 0.2.189)."""
+    args: list[str] = []
+    if sdk.get("betas"):
+        args += ["--betas", ",".join(sdk["betas"])]
+    if sdk.get("fallback_model"):
+        args += ["--fallback-model", str(sdk["fallback_model"])]
+    if sdk.get("include_hook_events"):
+        args.append("--include-hook-events")
+    if sdk.get("strict_mcp_config"):
+        args.append("--strict-mcp-config")
+    thinking = sdk.get("thinking")
+    if thinking is not None:
+        if thinking["type"] == "enabled":
+            args += ["--max-thinking-tokens", str(thinking["budget_tokens"])]
+        else:
+            args += ["--thinking", thinking["type"]]
+        if thinking["type"] != "disabled" and "display" in thinking:
+            args += ["--thinking-display", str(thinking["display"])]
+    elif sdk.get("max_thinking_tokens") is not None:
+        args += ["--max-thinking-tokens", str(sdk["max_thinking_tokens"])]
+    if sdk.get("effort") is not None:
+        args += ["--effort", str(sdk["effort"])]
+    output_format = sdk.get("output_format")
+    if isinstance(output_format, dict) and output_format.get("schema") is not None:
+        args += ["--json-schema", json.dumps(output_format["schema"])]
+    return args
 
 
 def _tool_list(value: Any, default: list[str]) -> str:
@@ -190,6 +254,15 @@ def claude_env(config: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[st
         env["ANTHROPIC_BASE_URL"] = str(config.get("base_url") or secrets["ANTHROPIC_BASE_URL"])
     if config.get("max_retries") is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(int(config["max_retries"]))
+    if config.get("context_window") is not None:
+        # Outranks --settings' autoCompactWindow and every settings scope (coder-eval's way).
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(int(config["context_window"]))
+    sdk = config.get("sdk_options") or {}
+    for key, variable in option_rules.SDK_ENV.items():
+        if key == "enable_file_checkpointing" and sdk.get(key):
+            env[variable] = "true"
+        elif key == "client_app" and sdk.get(key) is not None:
+            env[variable] = str(sdk[key])
     return env
 
 

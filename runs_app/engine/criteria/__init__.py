@@ -27,8 +27,8 @@ Rules (coder-eval's unless noted):
    a symlink leading outside the workspace fails the check.
 
 The types are the spec's (`experiments_app.specs.criteria.CRITERION_TYPES`): each has its model
-there and its implementation in one family module here (`files`, `commands`, `judge`); the
-engine refuses to start when the two lists differ.
+there and its implementation in one family module here (`files`, `commands`, `cli`,
+`reference`, `judge`, `agent_judge`); the engine refuses to start when the two lists differ.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from experiments_app.specs.criteria import CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
-from runs_app.engine.criteria import commands, files, judge
+from runs_app.engine.criteria import agent_judge, cli, commands, files, judge, reference
 from runs_app.engine.criteria.base import (
     CommandOutcome,
     CriterionConfigError,
@@ -78,7 +78,14 @@ EPSILON = 1e-9
 # Each family's types, with the spec's default threshold.
 BUILTINS = {
     kind.name: dataclasses.replace(kind, default_pass_threshold=default_pass_threshold(kind.name))
-    for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA]
+    for kind in [
+        *files.CRITERIA,
+        *commands.CRITERIA,
+        *cli.CRITERIA,
+        *reference.CRITERIA,
+        *judge.CRITERIA,
+        *agent_judge.CRITERIA,
+    ]  # fmt: skip
 }
 if set(BUILTINS) != set(CRITERION_TYPES):
     raise ImportError(
@@ -211,6 +218,8 @@ def _blank_result(index: int, criterion: object) -> CriterionResult:
     kind = registry().get(name) if isinstance(name, str) else None
     weight = _lenient(spec.get("weight"), 1.0)
     threshold = _lenient(spec.get("pass_threshold"), kind.default_pass_threshold if kind else 0.9)
+    if name == "reference_comparison":  # coder-eval: its similarity_threshold is its pass threshold
+        threshold = _lenient(spec.get("similarity_threshold"), 0.8)
     gating = spec.get("gating", weight > 0)
     return CriterionResult(
         index=index,

@@ -48,6 +48,33 @@ class CommandOutcome:
     timed_out: bool = False
 
 
+@dataclass(frozen=True)
+class JudgeAgentRequest:
+    """An agent_judge's run: its prompts, its Claude Code options (`model`, `permission_mode`,
+    `allowed_tools`, ... as the claude-code kind reads them), where the reference goes (`_reference/`
+    of its copy of the workspace) and which names its copy leaves out."""
+
+    system_prompt: str
+    prompt: str
+    options: dict
+    max_turns: int
+    timeout_seconds: float
+    reference_dir: Path | None
+    ignore_patterns: tuple[str, ...]
+
+
+@dataclass
+class JudgeAgentRun:
+    """How the judge's run ended: its tool calls (`{"name", "input", ...}`), its last reply, and why
+    it failed, if it did (`timed_out` for its wall clock)."""
+
+    tool_calls: list[dict] = field(default_factory=list)
+    final_text: str = ""
+    error: str | None = None
+    timed_out: bool = False
+    usage: dict = field(default_factory=dict)
+
+
 @dataclass
 class GradingContext:
     """Everything a criterion may read: the finished workspace and the recorded events.
@@ -76,6 +103,9 @@ class GradingContext:
     # How a criterion asks a model (llm_judge): the worker's judge gateway, which counts the call
     # as the judge's; `post_model(body, timeout)` returns the reply. None: straight to the API.
     post_model: Callable[[dict, float], dict] | None = None
+    # How a criterion runs an agent as judge (agent_judge): in a copy of the workspace, in the
+    # trial's sandbox, through the judge's gateway. None: no worker to run it.
+    run_judge_agent: Callable[[JudgeAgentRequest], JudgeAgentRun] | None = None
 
 
 @dataclass

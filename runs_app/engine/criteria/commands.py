@@ -1,5 +1,6 @@
-"""Criteria about commands: run_command (runs one in the sandbox) and command_executed (looks
-at the agent's recorded tool calls). Parameters and scoring follow coder-eval.
+"""Criteria about commands: run_command (runs one in the sandbox), and those reading the agent's
+recorded tool calls: command_executed, commands_efficiency and skill_triggered. Parameters and
+scoring follow coder-eval 0.12.16.
 """
 
 from __future__ import annotations
@@ -139,14 +140,7 @@ def check_command_executed(params: dict) -> None:
     if max_count is not None and max_count < min_count:
         raise CriterionConfigError(f"{what}: max_count ({max_count}) must be >= min_count ({min_count})")
     opt_bool(params, "require_success", what, False)
-    policy = params.get("stop_early")
-    if policy is not None:
-        if not isinstance(policy, dict):
-            raise CriterionConfigError(f"{what}: 'stop_early' must be a mapping")
-        allow_only(policy, f"{what}.stop_early", {"on_pass", "decide_within"})
-        if policy.get("on_pass", "continue") not in ("stop", "continue"):
-            raise CriterionConfigError(f"{what}: 'stop_early.on_pass' must be stop or continue")
-        opt_int(policy, "decide_within", f"{what}.stop_early", None, minimum=1)
+    check_stop_early(params, what)
 
 
 def _unwrap_shell(command: str) -> str | None:
@@ -234,7 +228,94 @@ def evaluate_command_executed(params: dict, ctx: GradingContext) -> tuple[float,
     return score, details
 
 
+def check_stop_early(params: dict, what: str) -> None:
+    policy = params.get("stop_early")
+    if policy is None:
+        return
+    if not isinstance(policy, dict):
+        raise CriterionConfigError(f"{what}: 'stop_early' must be a mapping")
+    allow_only(policy, f"{what}.stop_early", {"on_pass", "decide_within"})
+    if policy.get("on_pass", "continue") not in ("stop", "continue"):
+        raise CriterionConfigError(f"{what}: 'stop_early.on_pass' must be stop or continue")
+    opt_int(policy, "decide_within", f"{what}.stop_early", None, minimum=1)
+
+
+# ---------------------------------------------------------------- commands_efficiency
+
+
+def commands_efficiency(actual: int, expected: int) -> float:
+    """coder-eval's efficiency: expected / max(actual, expected); 0.0 when nothing ran."""
+    if expected < 1:
+        raise ValueError(f"expected commands must be >= 1, got {expected}")
+    return 0.0 if actual == 0 else expected / max(actual, expected)
+
+
+def check_commands_efficiency(params: dict) -> None:
+    what = "commands_efficiency"
+    allow_only(params, what, {"expected_commands"})
+    if params.get("expected_commands") is None:
+        raise CriterionConfigError(f"{what}: 'expected_commands' is required (an integer >= 1)")
+    opt_int(params, "expected_commands", what, None, minimum=1)
+
+
+def evaluate_commands_efficiency(params: dict, ctx: GradingContext) -> tuple[float, dict]:
+    actual, expected = len(ctx.tool_calls), params["expected_commands"]
+    score = commands_efficiency(actual, expected)
+    return score, {
+        "commands": actual,
+        "expected_commands": expected,
+        "over_budget": max(0, actual - expected),
+    }
+
+
+# ---------------------------------------------------------------- skill_triggered
+
+# A skill's files read off disk (an agent without a Skill tool): `skills/<name>/` in any string
+# parameter, either separator, overlapping matches allowed (`skills/skills/x/`).
+SKILL_PATH = re.compile(r"(?=skills[\\/]+([A-Za-z0-9][A-Za-z0-9_-]*)[\\/]+)")
+
+
+def check_skill_triggered(params: dict) -> None:
+    what = "skill_triggered"
+    allow_only(params, what, {"expected_skill", "skill_name", "stop_early"})
+    if not isinstance(params.get("expected_skill"), str):
+        raise CriterionConfigError(
+            f"{what}: 'expected_skill' is required: a skill name, or '' for a negative row"
+        )
+    req_str(params, "skill_name", what)
+    check_stop_early(params, what)
+
+
+def engaged_skills(calls: list[dict]) -> set[str]:
+    """Every skill the calls engaged: a `Skill` call's `skill` (its namespace dropped), and the
+    `skills/<name>/` paths in any top-level string parameter."""
+    names: set[str] = set()
+    for call in calls:
+        tool_input = call["input"] if isinstance(call.get("input"), dict) else {}
+        skill = tool_input.get("skill")
+        if call.get("name") == "Skill" and isinstance(skill, str) and skill:
+            names.add(skill.split(":")[-1])
+        for value in tool_input.values():
+            if isinstance(value, str):
+                names.update(SKILL_PATH.findall(value))
+    return names
+
+
+def evaluate_skill_triggered(params: dict, ctx: GradingContext) -> tuple[float, dict]:
+    triggered = params["skill_name"] in engaged_skills(ctx.tool_calls)
+    expected = params["expected_skill"] == params["skill_name"]
+    observed_label, expected_label = ("yes" if triggered else "no"), ("yes" if expected else "no")
+    details = {
+        "skill_name": params["skill_name"],
+        "observed_label": observed_label,
+        "expected_label": expected_label,
+    }
+    return (1.0 if triggered == expected else 0.0), details
+
+
 CRITERIA = [
     CriterionType("run_command", check_run_command, evaluate_run_command),
     CriterionType("command_executed", check_command_executed, evaluate_command_executed),
+    CriterionType("commands_efficiency", check_commands_efficiency, evaluate_commands_efficiency),
+    CriterionType("skill_triggered", check_skill_triggered, evaluate_skill_triggered),
 ]

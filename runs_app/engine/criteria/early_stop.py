@@ -1,8 +1,9 @@
 """coder-eval's early stop: armed criteria decided while the agent runs (no Django).
 
-A `stop_early:` block on a `command_executed` criterion arms it (`run_limits.stop_early: false`
-disarms them all). After each tool call the `Watcher` asks every armed criterion for a live
-verdict on the trajectory so far, and stops the agent once the result cannot change:
+A `stop_early:` block on a `command_executed` or `skill_triggered` criterion arms it
+(`run_limits.stop_early: false` disarms them all). After each tool call the `Watcher` asks every
+armed criterion for a live verdict on the trajectory so far, and stops the agent once the result
+cannot change:
 
 - a fail-stop when an armed criterion failed (a `max_count` exceeded, or `decide_within` tool
   calls passed with the criterion undecided) and the best score the armed set can still reach
@@ -11,8 +12,9 @@ verdict on the trajectory so far, and stops the agent once the result cannot cha
 - a pass-stop when the criteria with `on_pass: stop` have passed enough to meet the threshold,
   held while another criterion that may still pass is undecided.
 
-A trigger an instance can never decide is inert (`max_count` set: it can only fail live; no
-`max_count` and `min_count > 0`: it can only pass). Verdicts latch once decided. An
+A trigger an instance can never decide is inert (`command_executed` with `max_count` set can only
+fail live; without `max_count` and with `min_count > 0` it can only pass; a `skill_triggered`
+whose row expects its skill can only pass, a distractor only fail). Verdicts latch once decided. An
 early-stopped trial gates on the armed subset only (`armed_gate_passed`); unarmed criteria are
 still graded and shown. The rules and reason names are coder-eval's
 (`orchestration/early_stop.py`).
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runs_app.engine.criteria.commands import matching_calls
+from runs_app.engine.criteria.commands import engaged_skills, matching_calls
 
 CRITERION_PASSED = "criterion_passed"
 CRITERION_FAILED = "criterion_failed"
@@ -51,8 +53,11 @@ class EarlyStop:
         }
 
 
+LIVE_TYPES = ("command_executed", "skill_triggered")
+
+
 def armed(criterion: dict) -> bool:
-    return criterion.get("type") == "command_executed" and criterion.get("stop_early") is not None
+    return criterion.get("type") in LIVE_TYPES and criterion.get("stop_early") is not None
 
 
 def gate_threshold(config: dict) -> float:
@@ -70,12 +75,23 @@ def armed_gate_passed(criteria: list[dict], results: list[Any], threshold: float
 
 
 def _polarities(criterion: dict) -> frozenset[str]:
+    if criterion.get("type") == "skill_triggered":
+        return frozenset({PASS if _expects_skill(criterion) else FAIL})
     if criterion.get("max_count") is not None:
         return frozenset({FAIL})
     return frozenset({PASS}) if criterion.get("min_count", 1) > 0 else frozenset()
 
 
+def _expects_skill(criterion: dict) -> bool:
+    return criterion.get("expected_skill") == criterion.get("skill_name")
+
+
 def live_verdict(criterion: dict, calls: list[dict]) -> str:
+    if criterion.get("type") == "skill_triggered":
+        # Any engagement decides: its absence never can be known before the end.
+        if criterion.get("skill_name") not in engaged_skills(calls):
+            return UNDECIDED
+        return PASS if _expects_skill(criterion) else FAIL
     count = len(matching_calls(criterion, calls))
     max_count, min_count = criterion.get("max_count"), criterion.get("min_count", 1)
     if max_count is not None and count > max_count:

@@ -226,7 +226,7 @@ def fenced(text: str, label: str, nonce: str) -> str:
     return f"<untrusted-{nonce} {label}>\n{text}\n</untrusted-{nonce}>"
 
 
-def _read_entry(ctx: GradingContext, entry: str) -> str | None:
+def read_entry(ctx: GradingContext, entry: str) -> str | None:
     """A files entry's text: workspace-relative, or under the task's or the reference's folder."""
     for token, attribute in FOLDER_TOKENS.items():
         if entry.startswith(token):
@@ -237,7 +237,7 @@ def _read_entry(ctx: GradingContext, entry: str) -> str | None:
     return read_text(ctx, entry)[0]
 
 
-def _file_text(content: str | None, limit: int) -> str:
+def file_text(content: str | None, limit: int) -> str:
     # A missing file is shown as such so the rubric can penalise it (coder-eval does the same).
     return cap(content, limit) if content is not None else "<file not found>"
 
@@ -251,13 +251,13 @@ def _reference_blocks(root: Path, limit: int) -> list[str]:
         content = path.read_bytes()[: limit * 4]
         if b"\0" not in content:  # binary files say nothing useful to a judge
             text = content.decode("utf-8", errors="replace")
-            blocks.append(f'<file path="{path.relative_to(root)}">\n{_file_text(text, limit)}\n</file>')
+            blocks.append(f'<file path="{path.relative_to(root)}">\n{file_text(text, limit)}\n</file>')
     if len(files) > MAX_REFERENCE_FILES:
         blocks.append(f"(… {len(files) - MAX_REFERENCE_FILES} more reference files not shown)")
     return blocks
 
 
-def _tool_call_lines(calls: list[dict]) -> str:
+def tool_call_lines(calls: list[dict]) -> str:
     lines = []
     for call in calls[:MAX_TOOL_CALLS_SHOWN]:
         tool_input = call.get("input") or {}
@@ -277,7 +277,7 @@ def build_prompt(params: dict, ctx: GradingContext, nonce: str | None = None) ->
     if params.get("files"):
         parts.append("## Files from the agent's workspace (UNTRUSTED DATA)")
         for entry in params["files"]:
-            text = _file_text(_read_entry(ctx, entry), limit)
+            text = file_text(read_entry(ctx, entry), limit)
             parts.append(fenced(text, f"file={json.dumps(entry)}", nonce))
     if params.get("include_reference", True) and ctx.reference_dir is not None:
         parts.append("## Reference solution (for you only; the agent never saw it)")
@@ -287,7 +287,7 @@ def build_prompt(params: dict, ctx: GradingContext, nonce: str | None = None) ->
         parts.append(fenced(cap(ctx.final_text or "(empty)", limit), "final-answer", nonce))
     if params.get("include_tool_calls"):
         parts.append("## The agent's tool calls (UNTRUSTED DATA)")
-        parts.append(fenced(_tool_call_lines(ctx.tool_calls), "tool-calls", nonce))
+        parts.append(fenced(tool_call_lines(ctx.tool_calls), "tool-calls", nonce))
     if params.get("include_dialog"):
         parts.append(
             "## The conversation (UNTRUSTED DATA; the simulated user's words come from a model playing "

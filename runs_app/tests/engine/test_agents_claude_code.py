@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -265,9 +266,128 @@ def test_it_builds_the_argv_users_run(fake_claude, tmp_path):
     assert invocation.argv == [
         fake_claude, "-p", "Fix calc.py", "--output-format", "stream-json", "--verbose",
         "--model", "claude-sonnet-4-6", "--permission-mode", "acceptEdits", "--allowedTools", "Bash,Edit",
-        "--max-turns", "7", "--append-system-prompt", "Be brief.", "--effort", "low",
+        "--max-turns", "7", "--append-system-prompt", "Be brief.", "--exclude-dynamic-system-prompt-sections",
+        "--setting-sources=project", "--effort", "low",
     ]  # fmt: skip
     assert invocation.stdin == b""
+
+
+# --- coder-eval's Claude Code options, as its SDK (claude_agent_sdk 0.2.189) passes them ---------
+
+
+def _options(fake_claude, tmp_path, **config) -> list[str]:
+    invocation = get_agent("claude-code").prepare(
+        "p", tmp_path, tmp_path, {"binary": fake_claude, **config}, KEY
+    )
+    return invocation.argv[invocation.argv.index("--verbose") + 1 :]
+
+
+def _after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_a_system_prompt_is_appended_to_claude_codes_own_by_default(fake_claude, tmp_path):
+    argv = _options(fake_claude, tmp_path, system_prompt="Be terse.")
+
+    assert _after(argv, "--append-system-prompt") == "Be terse."
+    assert "--exclude-dynamic-system-prompt-sections" in argv and "--system-prompt" not in argv
+
+
+def test_system_prompt_mode_replace_sends_the_whole_system_prompt(fake_claude, tmp_path):
+    argv = _options(fake_claude, tmp_path, system_prompt="You grade.", system_prompt_mode="replace")
+
+    assert _after(argv, "--system-prompt") == "You grade."
+    assert "--append-system-prompt" not in argv and "--exclude-dynamic-system-prompt-sections" not in argv
+
+
+def test_replace_without_a_prompt_or_two_appended_prompts_are_refused(fake_claude, tmp_path):
+    with pytest.raises(AgentSetupError, match="system_prompt_mode: replace needs system_prompt"):
+        _options(fake_claude, tmp_path, system_prompt_mode="replace")
+    with pytest.raises(AgentSetupError, match="append_system_prompt: system_prompt is appended"):
+        _options(fake_claude, tmp_path, system_prompt="a", append_system_prompt="b")
+
+
+def test_setting_sources_default_to_the_project_and_may_be_none(fake_claude, tmp_path):
+    assert "--setting-sources=project" in _options(fake_claude, tmp_path)
+    assert "--setting-sources=" in _options(fake_claude, tmp_path, setting_sources=[])
+    assert "--setting-sources=user,project" in _options(
+        fake_claude, tmp_path, setting_sources=["user", "project"]
+    )
+    with pytest.raises(AgentSetupError, match="setting_sources: must be a list of user, project, local"):
+        _options(fake_claude, tmp_path, setting_sources=["global"])
+
+
+def test_plugins_become_plugin_dirs_and_settings_a_settings_argument(fake_claude, tmp_path):
+    plugins = [{"type": "local", "path": "/bundle/plugins/a"}, {"type": "local", "path": "/bundle/plugins/b"}]
+    argv = _options(
+        fake_claude, tmp_path, plugins=plugins, claude_settings={"permissions": {"deny": ["Read(x)"]}}
+    )
+
+    assert [argv[i + 1] for i, arg in enumerate(argv) if arg == "--plugin-dir"] == [
+        "/bundle/plugins/a",
+        "/bundle/plugins/b",
+    ]
+    assert json.loads(_after(argv, "--settings")) == {"permissions": {"deny": ["Read(x)"]}}
+    assert (
+        _after(_options(fake_claude, tmp_path, claude_settings=".claude/eval.json"), "--settings")
+        == ".claude/eval.json"
+    )
+
+
+def test_context_window_sets_the_cli_auto_compact_window(fake_claude, tmp_path):
+    config = {"binary": fake_claude, "context_window": 200_000}
+    invocation = get_agent("claude-code").prepare("p", tmp_path, tmp_path, config, KEY)
+
+    assert invocation.env_extra["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "200000"
+    with pytest.raises(AgentSetupError, match="context_window: must be an integer from 100000 to 1000000"):
+        _options(fake_claude, tmp_path, context_window=50_000)
+    with pytest.raises(AgentSetupError, match="autoCompactWindow"):
+        _options(
+            fake_claude, tmp_path, context_window=200_000, claude_settings={"autoCompactWindow": 300_000}
+        )
+
+
+def test_sdk_options_reach_the_cli_as_the_sdk_passes_them(fake_claude, tmp_path):
+    sdk = {
+        "effort": "high", "fallback_model": "claude-haiku-4-5", "betas": ["context-1m-2025-08-07"],
+        "thinking": {"type": "enabled", "budget_tokens": 4000}, "include_hook_events": True,
+        "strict_mcp_config": True, "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+        "enable_file_checkpointing": True, "client_app": "suite/1.0",
+    }  # fmt: skip
+    config = {"binary": fake_claude, "sdk_options": sdk}
+    invocation = get_agent("claude-code").prepare("p", tmp_path, tmp_path, config, KEY)
+    argv = invocation.argv
+
+    assert _after(argv, "--effort") == "high" and _after(argv, "--fallback-model") == "claude-haiku-4-5"
+    assert (
+        _after(argv, "--betas") == "context-1m-2025-08-07" and _after(argv, "--max-thinking-tokens") == "4000"
+    )
+    assert "--include-hook-events" in argv and "--strict-mcp-config" in argv
+    assert json.loads(_after(argv, "--json-schema")) == {"type": "object"}
+    assert invocation.env_extra["CLAUDE_CODE_ENABLE_SDK_FILE_CHECKPOINTING"] == "true"
+    assert invocation.env_extra["CLAUDE_AGENT_SDK_CLIENT_APP"] == "suite/1.0"
+    adaptive = _options(
+        fake_claude, tmp_path, sdk_options={"thinking": {"type": "adaptive", "display": "summarized"}}
+    )
+    assert (
+        _after(adaptive, "--thinking") == "adaptive"
+        and _after(adaptive, "--thinking-display") == "summarized"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("verbatim_prompts", "cannot reach the Claude Code CLI: it marks the SDK's stream-json input"),
+        ("user", "cannot reach the Claude Code CLI: it names the OS user"),
+        ("max_turns", "is the harness's"),
+        ("hooks", "is the harness's"),
+        ("efort", "is not a ClaudeAgentOptions field"),
+    ],
+)
+def test_sdk_options_the_cli_cannot_take_are_refused_by_name(fake_claude, tmp_path, key, message):
+    with pytest.raises(AgentSetupError, match=f"sdk_options.{key}: .*{message}"):
+        _options(fake_claude, tmp_path, sdk_options={key: True})
 
 
 def test_a_later_turn_resumes_the_session_the_stream_reported(fake_claude, tmp_path):
