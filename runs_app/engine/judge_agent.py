@@ -61,6 +61,7 @@ class JudgeAgentRunner:
         os.chmod(server, 0o644)
         uid = self.box.paths.uid
         if uid is not None:
+            os.chown(copy, uid, uid)
             workspace.chown_tree(copy, uid, uid)
         mcp = {
             "mcpServers": {
