@@ -74,6 +74,11 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
             judge.close()
             context.account(judge)
     outcome.trajectory = {"tool_calls": tool_calls, "final_text": trace.final_text[:FINAL_TEXT_CAP]}
+    if expected := context.config.get("expected_commands"):
+        # coder-eval's task-level command budget: a figure of the trial, not a criterion.
+        actual = len(tool_calls)
+        efficiency = criteria.commands.commands_efficiency(actual, expected)
+        outcome.trajectory["commands"] = {"actual": actual, "expected": expected, "efficiency": efficiency}
     if trace.dialog:
         outcome.trajectory["dialog"] = trace.dialog
         outcome.trajectory["conversation"] = trace.conversation_end

@@ -228,7 +228,7 @@ BROKEN_TASKS = [
         "duplicate row id 'a' (first at",
     ),
     ("duplicate_ids", "duplicate_ids/second.yaml", 3, "task_id", "also defined in"),
-    ("unbuilt_criterion.yaml", "unbuilt_criterion.yaml", 6, "success_criteria[1]", "'agent_judge' criterion"),
+    ("unbuilt_criterion.yaml", "unbuilt_criterion.yaml", 6, "success_criteria[1]", "'system_one_judge' crit"),
     # Hostile input: refused at import, fast, at its line.
     ("alias_bomb.yaml", "alias_bomb.yaml", 6, "", "refused as an alias bomb"),
     ("deep_nesting.yaml", "deep_nesting.yaml", 3, "", "nested more than 40 levels deep"),

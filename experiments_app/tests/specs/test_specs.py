@@ -156,7 +156,6 @@ def test_it_keeps_suite_hooks_to_the_experiment_and_budgets_to_other_roles():
     [
         ("sandbox", {"driver": "docker"}),
         ("sandbox", {"docker": {"image": "python:3.12"}}),
-        ("expected_commands", 3),
         ("sandbox", {"limits": {"max_cpus": 2}}),
     ],
 )
@@ -187,7 +186,7 @@ ARMED = {"type": "command_executed", "command_pattern": "rm", "min_count": 0, "m
         (
             {"success_criteria": [{**CRITERION, "stop_early": {}}]},
             ("success_criteria", 0),
-            "only command_executed can",
+            "only command_executed and skill_triggered can",
         ),
         (
             {"success_criteria": [{**ARMED, "stop_early": {"on_pass": "halt"}}]},
@@ -404,9 +403,15 @@ def test_task_ids_may_hold_dots_like_coder_eval(task_id, ok):
         ),
         ({"type": "none", "command": "echo"}, "'command' applies to command, not to none"),
         (
-            {"type": "claude-code", "plugins": []},
-            r"agent option 'plugins' \(local Claude Code plugins\) is not built",
+            {"type": "claude-code", "plugins": [{"type": "local", "path": "$HOME/skills"}]},
+            r"travels in the task's bundle \(environment variables and host paths do not reach a worker\)",
         ),
+        (
+            {"type": "claude-code", "sdk_options": {"user": "root"}},
+            "cannot reach the Claude Code CLI: it names the OS user",
+        ),
+        ({"type": "claude-code", "context_window": 5000}, "must be an integer from 100000 to 1000000"),
+        ({"type": "codex", "setting_sources": []}, "'setting_sources' applies to claude-code, not to codex"),
     ],
 )
 def test_it_refuses_agent_options_the_kind_does_not_read(agent, message):

@@ -622,7 +622,8 @@ def test_every_type_of_the_spec_has_an_implementation_and_no_other_type_does():
 
 
 def test_only_the_judge_needs_a_model():
-    assert [name for name in CRITERION_TYPES if criteria.needs_model({"type": name})] == ["llm_judge"]
+    judged = [name for name in CRITERION_TYPES if criteria.needs_model({"type": name})]
+    assert judged == ["llm_judge", "agent_judge"]
 
 
 # ---------------------------------------------------------------- dataset suite thresholds

@@ -50,7 +50,8 @@ success_criteria:
   - {type: skill_triggered, skill_name: docx, expected_skill: pdf, description: docx not engaged}
   - {type: cli_called, tool: uip, verb: projects list, flags: {format: json}, value_flags: [format],
      description: listed the projects as JSON}
-  - {type: cli_called, tool: uip, verb: projects delete, min_count: 0, max_count: 0, description: deleted nothing}
+  - {type: cli_called, tool: uip, verb: projects delete, min_count: 0, max_count: 0,
+     description: deleted nothing}
   - {type: agent_judge, prompt: Is add() right?, files: [solution.py], description: the judge}
 """
 EXPERIMENT = """
@@ -87,7 +88,8 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
         try:
             overrides = [f"agent.base_url={agent_api.url}"]
             run = launch_run(experiment, options=LaunchOptions(task_slugs=["graded"], overrides=overrides))
-            wait_for(lambda: Trial.objects.get(run=run).is_final, timeout=200, message=lambda: worker.log()[-4000:])
+            ended = lambda: Trial.objects.get(run=run).is_final  # noqa: E731
+            wait_for(ended, timeout=200, message=lambda: worker.log()[-4000:])
         finally:
             worker.kill()
         judge_requests = judge_api.model_requests()
@@ -106,8 +108,9 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
     assert results["complexity"].details["agent"]["function_count"] == 1
     # Three tool calls against a budget of two: 2 / 3.
     assert results["a budget of two"].score == pytest.approx(2 / 3)
-    assert results["pdf engaged"].score == 1.0 and results["pdf engaged"].details["observed_label"] == "yes"
-    assert results["docx not engaged"].score == 1.0 and results["docx not engaged"].details["expected_label"] == "no"
+    pdf, docx = results["pdf engaged"], results["docx not engaged"]
+    assert pdf.score == 1.0 and pdf.details["observed_label"] == "yes"
+    assert docx.score == 1.0 and docx.details["expected_label"] == "no"
     assert results["listed the projects as JSON"].score == 1.0
     assert results["listed the projects as JSON"].details["match_count"] == 1
     assert results["deleted nothing"].score == 1.0
@@ -118,7 +121,8 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
     assert logged["argv"] == ["projects", "list", "--format", "json"] and logged["rule"] == 0
     judged = results["the judge"]
     assert judged.score == 0.8 and judged.passed and judged.details["rationale"] == "add() is right."
-    assert judged.details["findings"] == ["solution.py:3 - correct"] and judged.details["model"] == "claude-judge-test"
+    assert judged.details["findings"] == ["solution.py:3 - correct"]
+    assert judged.details["model"] == "claude-judge-test"
     # The judge's calls went through the judge's gateway: counted as the judge's.
     assert trial.role_usage["judge"]["calls"] == len(judge_requests) >= 2
     system = judge_requests[0]["body"]["system"]
