@@ -382,9 +382,10 @@ class LlmJudge(BaseCriterion):
 
 
 class JudgeAgent(SpecModel):
-    """The agent an `agent_judge` runs: a Claude Code CLI (coder-eval's built-in judge kind)."""
+    """The agent an `agent_judge` runs: a Claude Code CLI (coder-eval's built-in judge kind). As in
+    coder-eval, a block given must name its `type`."""
 
-    type: Literal["claude-code"] = "claude-code"
+    type: Literal["claude-code"]
     model: str | None = None
     permission_mode: str = "bypassPermissions"
     allowed_tools: list[str] = Field(default_factory=lambda: ["Bash", "Read", "Glob", "Grep"])
@@ -437,7 +438,7 @@ class AgentJudge(BaseCriterion):
     max_file_chars: int = Field(default=20_000, gt=0)
     max_turns: int = Field(default=50, gt=0)
     turn_timeout: int = Field(default=300, ge=10)
-    agent: JudgeAgent = Field(default_factory=JudgeAgent)
+    agent: JudgeAgent = Field(default_factory=lambda: JudgeAgent(type="claude-code"))
     capture_transcript: bool = True
     max_transcript_chars: int = Field(default=100_000, gt=0)
 

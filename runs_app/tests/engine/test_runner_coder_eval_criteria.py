@@ -52,7 +52,7 @@ success_criteria:
      description: listed the projects as JSON}
   - {type: cli_called, tool: uip, verb: projects delete, min_count: 0, max_count: 0,
      description: deleted nothing}
-  - {type: agent_judge, prompt: Is add() right?, files: [solution.py], description: the judge}
+  - {type: agent_judge, prompt: "Is add() right?", files: [solution.py], description: the judge}
 """
 EXPERIMENT = """
 experiment_id: criteria
