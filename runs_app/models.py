@@ -92,6 +92,9 @@ class Run(models.Model):
     n_error = models.PositiveIntegerField(default=0)
     n_cancelled = models.PositiveIntegerField(default=0)
     suite_results = models.JSONField(default=list, blank=True, help_text="Dataset suite thresholds")
+    # What its trials ran with, per variant and component: {variant id: {component: {fingerprint:
+    # value}}}, kept as trials are stored (`rollup`), read by a comparison of several runs.
+    components = models.JSONField(default=dict, blank=True)
     gates = models.JSONField(default=list, blank=True, help_text="The experiment's gates, frozen")
     gate_results = models.JSONField(default=list, blank=True, help_text="Each gate's verdict at run end")
     gates_passed = models.BooleanField(null=True)
@@ -211,6 +214,9 @@ class Trial(models.Model):
     lineage = models.JSONField(default=dict, blank=True)
     prompt = models.TextField(blank=True)
     config_fingerprint = models.CharField(max_length=64, blank=True)
+    # What ran it, one fingerprint per component (agent, answerer, grader, environment: a mapping
+    # a driver fills, e.g. a container's image digest): `engine.identity`.
+    components = models.JSONField(default=dict, blank=True)
     score = models.FloatField(null=True, blank=True)
     queued_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -76,6 +76,11 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
         digests=digests,
         default_baseline=_default_baseline(runs, arms, variants),
         criteria=found,
+        components={
+            (run.pk, int(variant_id)): parts
+            for run in runs
+            for variant_id, parts in (run.components or {}).items()
+        },
     )
 
 

@@ -47,7 +47,22 @@ def add_finished(run: Run, trial: Trial, criteria: Sequence[CriterionResult]) ->
             store(run, [trial.pk])
         else:
             _add(*found, trial, criteria)
-    _count_finished(run, trial.status)
+    _count_finished(run, trial.status, note_components(run, trial.variant_id, trial.components))
+
+
+def note_components(run: Run, variant_id: int, components: dict) -> bool:
+    """Add a trial's components (`Trial.components`) to its run's summary, per variant: whether
+    it holds a value the run had not seen (then the summary is written)."""
+    seen = (run.components or {}).setdefault(str(variant_id), {})
+    new = False
+    for name, part in (components or {}).items():
+        values = seen.setdefault(name, {})
+        if part["fingerprint"] not in values:
+            values[part["fingerprint"]] = part["value"]
+            new = True
+    if new:
+        run.components = {**(run.components or {}), str(variant_id): seen}
+    return new
 
 
 # What one finished trial adds to its unit's tally (the other columns describe the unit).
@@ -89,7 +104,7 @@ def _add(tally_id: int, counts: dict, trial: Trial, criteria: Sequence[Criterion
     written.add_to_tally(tally_id, share, counts)
 
 
-def _count_finished(run: Run, status: str) -> None:
+def _count_finished(run: Run, status: str, components_changed: bool = False) -> None:
     """The run's counts after one running trial ended: its outcome counted, and the running and
     queued ones counted again (a few rows of the index: at most the run's slots run at once)."""
     column = f"n_{Trial.Status(status)}"  # one of the run's count columns, never other text
@@ -98,7 +113,14 @@ def _count_finished(run: Run, status: str) -> None:
     run.n_running = written.running_trials(run.pk)
     run.n_queued = max(0, run.n_trials - run.n_done - run.n_running)
     run.tally_version += 1
-    counts = {name: getattr(run, name) for name in (column, "n_running", "n_queued", "tally_version")}
+    names = (
+        column,
+        "n_running",
+        "n_queued",
+        "tally_version",
+        *(["components"] if components_changed else []),
+    )
+    counts = {name: getattr(run, name) for name in names}
     written.update(Run, counts, "id = %s", [run.pk])
 
 
@@ -140,10 +162,26 @@ def store(run: Run, trial_ids: Iterable[int] | None) -> None:
             ],
             batch_size=1000,
         )
+        if units is None:
+            _recount_components(run)
         complete = run.tallied or units is None
         Run.objects.filter(pk=run.pk).update(tallied=complete, tally_version=F("tally_version") + 1)
         run.tallied = complete
         run.tally_version = Run.objects.filter(pk=run.pk).values_list("tally_version", flat=True).get()
+
+
+def _recount_components(run: Run) -> None:
+    """The run's component summary afresh from its current trials (a whole recount only)."""
+    run.components = {}
+    rows = (
+        Trial.objects.filter(run_id=run.pk)
+        .current()
+        .exclude(components={})
+        .values_list("variant_id", "components")
+    )
+    for variant_id, components in rows.order_by().iterator():
+        note_components(run, variant_id, components)
+    Run.objects.filter(pk=run.pk).update(components=run.components)
 
 
 def grouped_trials(trials) -> dict[tuple[int, int, str], dict[str, Any]]:

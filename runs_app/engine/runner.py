@@ -28,7 +28,7 @@ from django.utils import timezone
 from evalsite.versioning import code_version
 from experiments_app.models import TaskVersion
 from runs_app import live, written
-from runs_app.engine import criteria, grading, integrity
+from runs_app.engine import criteria, grading, identity, integrity
 from runs_app.engine.agent_phase import AgentPhase
 from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.leases import Heartbeat
@@ -153,6 +153,7 @@ class TrialExecution:
         self.config: dict = trial.config
         self.box = TrialSandbox(trial, trial.config, self.context.stop_reason)
         self.agent_process_seconds = 0.0
+        self.components: dict = {}
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -255,6 +256,12 @@ class TrialExecution:
 
     def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
         timings["total"] = time.perf_counter() - started
+        self.components = identity.trial_components(
+            self.config,
+            self.context.agent_kind(),
+            self.config.get("agent") or {},
+            self.box.environment_components(),
+        )
         if self.box.over_disk and not outcome.budget_exceeded:
             outcome.budget_exceeded = "disk"  # whichever phase reached the cap
         outcome.timings = timings
@@ -311,6 +318,7 @@ class TrialExecution:
             "diff": redact(outcome.diff, secret_values),
             "diff_truncated": outcome.diff_truncated,
             "artifact": outcome.artifact,
+            "components": self.components,
         }
         with transaction.atomic():
             stored = written.update(

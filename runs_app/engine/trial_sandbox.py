@@ -31,7 +31,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from runs_app.engine import bundle_cache, criteria, gateway
+from runs_app.engine import bundle_cache, criteria, gateway, identity
 from runs_app.engine.leases import release_connection
 from runs_app.engine.outcome import TrialAborted
 from runs_app.engine.sandbox import (
@@ -43,12 +43,14 @@ from runs_app.engine.sandbox import (
     ProcessResult,
     Sandbox,
     SandboxPaths,
+    SandboxUnavailable,
     discard,
     environments,
     open_sandbox,
     phase_limits,
     workspace,
 )
+from runs_app.engine.sandbox.bubblewrap.command import bwrap_binary
 from runs_app.models import Run, Trial
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,9 @@ class TrialSandbox:
         self.grading_venv: Path | None = None
         # A command of some phase found the trial at its disk or inode cap, and was stopped.
         self.over_disk = False
+        # What the trial's environment is made of, by component (`identity`): the task's
+        # env_packages environments here; the driver's own are added by `environment_components`.
+        self.environment: dict[str, str] = {}
 
     @property
     def paths(self) -> SandboxPaths:
@@ -214,6 +219,7 @@ class TrialSandbox:
             ) from None
         paths = self.paths
         if node_env:
+            self.environment["env.node"] = node_env.name
             self._share(Mount(node_env))
             link = paths.workspace / "node_modules"
             if not link.exists():
@@ -224,6 +230,7 @@ class TrialSandbox:
         if python is not None:
             target = paths.workspace / VENV_DIRNAME
             if python_env:
+                self.environment["env.python"] = python_env.name
                 self._share(Mount(python_env))
             if not target.exists():
                 environments.new_venv(root, target, owner=paths.uid)
@@ -241,6 +248,15 @@ class TrialSandbox:
             self.venv_env["VIRTUAL_ENV"] = str(target)
         if len(path) > 1:
             self.venv_env["PATH"] = os.pathsep.join(path)
+
+    def environment_components(self) -> dict[str, str]:
+        """The trial's environment, component by component: the namespace driver's (bubblewrap
+        and the system it shows) and the task's environments. A container driver adds `image`."""
+        try:
+            driver = identity.sandbox_environment(bwrap_binary())
+        except SandboxUnavailable:
+            driver = {"sandbox": "bubblewrap not installed"}
+        return {**driver, **self.environment}
 
     def _share(self, mount: Mount) -> None:
         self.env_mounts.append(mount)

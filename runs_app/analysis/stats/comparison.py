@@ -163,6 +163,8 @@ class ComparisonData:
     default_baseline: str | None
     # (arm key, criterion label) -> {(task id, row): (passes, n)}
     criteria: dict[tuple[str, str], dict[tuple[int, str], PassCount]] = field(default_factory=dict)
+    # (run id, variant id) -> {component: {fingerprint: value}}: what its trials ran with (`identity`)
+    components: dict[tuple[int, int], dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def tags(self) -> list[str]:

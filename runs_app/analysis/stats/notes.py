@@ -6,6 +6,7 @@ Pure (no Django); `analysis.compare` calls it.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from runs_app.analysis.stats.comparison import Arm, Comparison, ComparisonData, Unit
 
@@ -130,7 +131,48 @@ def _changes_between_runs(data: ComparisonData, units: list[Unit]) -> list[str]:
         f"{_names(sorted(slugs))} (same task version, different trial fingerprints)."
         for run_id, slugs in config_changed.items()
     ]
+    return found + _identity_changes(data, arms_by_slug)
+
+
+def _identity_changes(data: ComparisonData, arms_by_slug: dict[str, list[Arm]]) -> list[str]:
+    """What ran a variant's trials, component by component, where it differs between the first
+    run and another (lux's run identity): "agent: claude-code 2.1.190 -> claude-code 2.1.197"."""
+    first = data.runs[0].pk
+    found = []
+    for slug, same in arms_by_slug.items():
+        before = next((a for a in same if a.run_id == first), None)
+        for after in (a for a in same if a.run_id != first):
+            if before is None:
+                continue
+            old = data.components.get((first, before.variant_id)) or {}
+            new = data.components.get((after.run_id, after.variant_id)) or {}
+            changes = [
+                _component_change(name, old[name], new[name])
+                for name in sorted(set(old) & set(new))
+                if set(old[name]) != set(new[name])
+            ]
+            if changes:
+                found.append(
+                    f"What ran {slug} changed between run #{first} and run #{after.run_id}: "
+                    + "; ".join(changes)
+                    + "."
+                )
     return found
+
+
+def _component_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """One component's values before and after; a mapping (the environment) by its keys."""
+    if all(isinstance(v, dict) for v in [*old.values(), *new.values()]):
+        keys = sorted({key for value in [*old.values(), *new.values()] for key in value})
+        parts = []
+        for key in keys:
+            was = sorted({str(value.get(key, "none")) for value in old.values()})
+            now = sorted({str(value.get(key, "none")) for value in new.values()})
+            if was != now:
+                parts.append(f"{name}.{key}: {' | '.join(was)} -> {' | '.join(now)}")
+        return "; ".join(parts) or f"{name} changed"
+    was, now = sorted(map(str, old.values())), sorted(map(str, new.values()))
+    return f"{name}: {' | '.join(was)} -> {' | '.join(now)}"
 
 
 def _fingerprints(data: ComparisonData, arm: Arm, unit: Unit) -> tuple[str, str] | None:

@@ -321,6 +321,40 @@ def test_it_compares_runs_and_warns_when_a_task_or_its_config_changed():
     assert versus.untested.startswith(f"tasks changed between run #{old.pk} and run #{new.pk} (edited)")
 
 
+def _ran_with(agent: str, image: str) -> dict:
+    from runs_app.engine import identity
+
+    environment = {"sandbox": "bubblewrap 0.8.0", "image": image}
+    return {"agent": identity.component(agent), "environment": identity.component(environment)}
+
+
+def test_a_comparison_of_two_runs_names_the_components_that_changed():
+    experiment = make_experiment()
+    outcomes = {"a": {"base": "PP", "new": "PF"}}
+    before = {
+        (t, v, r): _ran_with("claude-code 2.1.190", "sha256:aaa")
+        for t in "a"
+        for v in ("base", "new")
+        for r in (0, 1)
+    }
+    after = {**before, **{("a", "new", r): _ran_with("claude-code 2.1.197", "sha256:bbb") for r in (0, 1)}}
+    old = make_run(experiment, outcomes, baseline="base", components=before)
+    new = make_run(experiment, outcomes, components=after)
+
+    result = load.compare_runs([old, new])
+
+    changed = [note for note in result.warnings if note.startswith("What ran")]
+    assert changed == [
+        f"What ran new changed between run #{old.pk} and run #{new.pk}: agent: claude-code 2.1.190 -> "
+        "claude-code 2.1.197; environment.image: sha256:aaa -> sha256:bbb."
+    ]
+    # The run keeps its summary as trials are stored, and a whole recount rebuilds the same one.
+    summary = Run.objects.get(pk=new.pk).components
+    rollup.recount(new)
+    assert Run.objects.get(pk=new.pk).components == summary
+    assert set(summary[str(Variant.objects.get(slug="new").pk)]["agent"].values()) == {"claude-code 2.1.197"}
+
+
 def test_it_loads_a_comparison_in_three_queries(django_assert_num_queries):
     experiment = make_experiment(variants=("base", "new", "third"))
     outcomes = {f"t{i}": {"base": "PF", "new": "PP", "third": "FE"} for i in range(5)}

@@ -125,6 +125,15 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
     assert judged.details["model"] == "claude-judge-test"
     # The judge's calls went through the judge's gateway: counted as the judge's.
     assert trial.role_usage["judge"]["calls"] == len(judge_requests) >= 2
+    # What ran the trial, one fingerprint per component, kept on the run too.
+    parts = trial.components
+    assert parts["agent"]["value"].startswith("claude-code 2.") and len(parts["agent"]["fingerprint"]) == 12
+    assert parts["grader"]["value"].endswith("; judge anthropic/claude-judge-test")
+    assert parts["environment"]["value"]["sandbox"].startswith("bubblewrap ")
+    run.refresh_from_db()
+    assert run.components[str(trial.variant_id)]["agent"] == {
+        parts["agent"]["fingerprint"]: parts["agent"]["value"]
+    }
     system = judge_requests[0]["body"]["system"]
     assert "strict code reviewer" in json.dumps(system)
     assert VERDICT_TOOL in json.dumps(judge_requests[0]["body"]["tools"])
