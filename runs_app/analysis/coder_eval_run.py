@@ -132,11 +132,20 @@ def evaluation_result(trial: Trial) -> dict[str, Any]:
         "total_token_usage": usage,
         "total_assistant_turns": trial.turns,
         "actual_commands": len(commands),
+        **_commands_efficiency(trial),
         "pre_run_results": [],
         "post_run_results": [],
         "simulation": _simulation(trial, config),
         "early_stop": _early_stop(trial),
     }
+
+
+def _commands_efficiency(trial: Trial) -> dict[str, Any]:
+    """coder-eval's expected_commands figures, when the task set a budget."""
+    figures = (trial.trajectory or {}).get("commands")
+    if not figures:
+        return {}
+    return {"expected_commands": figures["expected"], "commands_efficiency": figures["efficiency"]}
 
 
 def _simulation(trial: Trial, config: dict) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ description: every criterion a suite uses
 initial_prompt: Write solution.py, list the projects with uip, then use the pdf skill.
 agent: {type: claude-code, model: claude-sonnet-4-6, allowed_tools: [Bash, Write, Skill], max_retries: 0}
 reference: {directory: ref}
+expected_commands: 4
 sandbox:
   python: null
   record_cli:
@@ -125,6 +126,7 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
     assert judged.details["model"] == "claude-judge-test"
     # The judge's calls went through the judge's gateway: counted as the judge's.
     assert trial.role_usage["judge"]["calls"] == len(judge_requests) >= 2
+    assert trial.trajectory["commands"] == {"actual": 3, "expected": 4, "efficiency": 1.0}
     # What ran the trial, one fingerprint per component, kept on the run too.
     parts = trial.components
     assert parts["agent"]["value"].startswith("claude-code 2.") and len(parts["agent"]["fingerprint"]) == 12

@@ -191,3 +191,21 @@ def test_a_tool_call_and_its_output_read_as_one_item_and_criteria_details_as_fie
     assert item.title == "Bash → error" and "pytest -q" in item.body and "2 failed" in item.body
     html = page.content.decode()
     assert "<dt>exit code</dt><dd>1</dd>" in html and "<dt>stdout</dt><dd>2 failed</dd>" in html
+
+
+def test_it_shows_what_ran_the_trial_and_its_command_efficiency(member_client):
+    from runs_app.engine import identity
+
+    trial = _trial()
+    trial.components = {
+        "agent": identity.component("claude-code 2.1.197 (Claude Code)"),
+        "environment": identity.component({"sandbox": "bubblewrap 0.8.0", "image": XSS}),
+    }
+    trial.trajectory = {"tool_calls": [], "commands": {"actual": 6, "expected": 3, "efficiency": 0.5}}
+    trial.save(update_fields=["components", "trajectory"])
+
+    page = member_client.get(trial.get_absolute_url()).content.decode()
+
+    assert "claude-code 2.1.197 (Claude Code)" in page and trial.components["agent"]["fingerprint"] in page
+    assert "sandbox bubblewrap 0.8.0" in page and XSS not in page
+    assert "6 of 3 expected (efficiency 0.500)" in page
