@@ -139,3 +139,52 @@ def test_the_worker_grades_coder_evals_criteria_after_the_real_claude_cli(tmp_pa
     system = judge_requests[0]["body"]["system"]
     assert "strict code reviewer" in json.dumps(system)
     assert VERDICT_TOOL in json.dumps(judge_requests[0]["body"]["tools"])
+
+
+OPTIONS_TASK = """
+task_id: options
+description: the Claude Code options coder-eval passes
+initial_prompt: Write what you see into seen.txt.
+agent:
+  type: claude-code
+  model: claude-sonnet-4-6
+  allowed_tools: [Bash, Skill]
+  max_retries: 0
+  system_prompt: You are the options probe.
+  system_prompt_mode: replace
+  plugins: [{type: local, path: plugin}]
+  claude_settings: {env: {EVAL_MARK: from-settings}}
+  context_window: 200000
+sandbox: {python: null}
+success_criteria:
+  - {type: file_contains, path: seen.txt, includes: [from-settings, "200000"], description: seen}
+"""
+SKILL = "---\nname: hello\ndescription: Greets in the house style zebra-42.\n---\nSay hello.\n"
+
+
+def test_the_claude_code_options_reach_the_real_cli_through_the_worker(tmp_path):
+    script = [
+        Turn([tool_use("Bash", {"command": "echo $EVAL_MARK $CLAUDE_CODE_AUTO_COMPACT_WINDOW > seen.txt"})]),
+        Turn([text("Done.")]),
+    ]
+    files = {"plugin/skills/hello/SKILL.md": SKILL, "plugin/.claude-plugin/plugin.json": '{"name": "probe"}'}
+    make_task(tmp_path, "options", OPTIONS_TASK, files)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+    with AnthropicMock(script) as api:
+        worker = WorkerProcess(tmp_path, extra_env={"ANTHROPIC_API_KEY": "sk-test-options"}).start()
+        try:
+            overrides = [f"agent.base_url={api.url}"]
+            run = launch_run(experiment, options=LaunchOptions(task_slugs=["options"], overrides=overrides))
+            ended = lambda: Trial.objects.get(run=run).is_final  # noqa: E731
+            wait_for(ended, timeout=200, message=lambda: worker.log()[-4000:])
+        finally:
+            worker.kill()
+        bodies = json.dumps([request["body"] for request in api.model_requests()])
+
+    trial = Trial.objects.get(run=run)
+    # claude_settings' env and context_window reached the CLI (its Bash tool inherits them).
+    assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-2000:])
+    assert "zebra-42" in bodies  # the plugin's skill, from the bundle, offered to the model
+    first = api.model_requests()[0]["body"]["system"]
+    assert "You are the options probe." in json.dumps(first)
