@@ -434,7 +434,7 @@ if CONTAINER_ENGINE not in ("docker", "none"):
     raise ImproperlyConfigured(f"EVALSITE_CONTAINER_ENGINE={CONTAINER_ENGINE!r}: use docker or none")
 # The engine's client: Debian's, never the first `docker` on PATH (a preinstalled one may lack the
 # buildx plugin that BuildKit builds need).
-DOCKER_CLI = env_str("EVALSITE_DOCKER_CLI", "/usr/bin/docker")
+DOCKER_CLI = env_str("EVALSITE_DOCKER", "/usr/bin/docker")
 # Worker environment variables an agent may receive (by naming them in its config). Nothing
 # else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
 AGENT_SECRET_NAMES = env_list(

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 # Debian's client, never the first `docker` on PATH: a preinstalled /usr/local/bin/docker may lack
 # the buildx plugin that BuildKit builds need.
-DOCKER="${EVALSITE_DOCKER_CLI:-/usr/bin/docker}"
+DOCKER="${EVALSITE_DOCKER:-/usr/bin/docker}"
 DOCKERD=/usr/sbin/dockerd
 LOG_DIR="$PWD/var/log"
 LOG="$LOG_DIR/containers.log"
@@ -55,8 +55,11 @@ apt_install() {
 
 # --- 1. the engine ---------------------------------------------------------------------------
 
+engine_answers() { "$DOCKER" info >/dev/null 2>&1; }
+
 install_engine() {
-  if [ -x "$DOCKER" ] && [ -x "$DOCKERD" ]; then
+  if [ -x "$DOCKER" ] && { [ -x "$DOCKERD" ] || engine_answers; }; then
+    say "engine: $DOCKER ($(dpkg-query -W -f '${Version}' docker.io 2>/dev/null || echo 'not Debian'\''s docker.io')) installed"
     return
   fi
   can_apt || give_up "Debian's docker.io is not installed and cannot be here (it needs root and apt-get)"
@@ -65,8 +68,6 @@ install_engine() {
   apt_install docker.io || give_up "apt-get install docker.io failed"
   say "installed Debian's docker.io ($(dpkg-query -W -f '${Version}' docker.io)) in $(since "$started")"
 }
-
-engine_answers() { "$DOCKER" info >/dev/null 2>&1; }
 
 start_engine() {
   local pidfile=/var/run/docker.pid started pid
@@ -107,7 +108,7 @@ tag_public() {
       return
     fi
   fi
-  run "$DOCKER" tag "$ours" "$name"
+  run "$DOCKER" tag "$ours" "$name" && say "image $name: tagged on $ours"
 }
 
 # `apt-get download` into the current folder, refreshing the package lists once if need be.
@@ -235,7 +236,6 @@ images() {
   fi
   debian_image "$codename"
   python_image "$codename"
-  say "images ready: $("$DOCKER" image ls --format '{{.Repository}}:{{.Tag}}' --filter "label=$LABEL" | sort | tr '\n' ' ')"
 }
 
 case "${1:-}" in

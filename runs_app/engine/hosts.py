@@ -75,6 +75,8 @@ def container_engine(engine: str, cli: str) -> dict:
     `cli` the engine's client. Costs two client calls (~50 ms)."""
     if engine == "none":
         return _without("EVALSITE_CONTAINER_ENGINE=none: this host takes no container trials")
+    if os.geteuid() != 0:  # the container driver mounts each phase's folders into the container
+        return _without("the worker is not root, and the container driver runs on root workers only")
     if not os.access(cli, os.X_OK):
         return _without(f"no {cli}: install Debian's docker.io (make containers)")
     answer = _ask_engine([cli, "version", "--format", "{{.Server.Version}}"])

@@ -21,7 +21,8 @@ def client(tmp_path, text: str) -> str:
     return str(path)
 
 
-def test_it_reports_the_engine_version_and_which_base_images_are_there(tmp_path):
+def test_it_reports_the_engine_version_and_which_base_images_are_there(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # as a root worker
     found = hosts.container_engine("docker", client(tmp_path, FAKE_CLIENT))
 
     assert found == {
@@ -32,7 +33,8 @@ def test_it_reports_the_engine_version_and_which_base_images_are_there(tmp_path)
     }
 
 
-def test_it_says_why_a_host_runs_no_containers(tmp_path):
+def test_it_says_why_a_host_runs_no_containers(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     refusal = "echo 'Cannot connect to the Docker daemon. Is it running?' >&2"
     silent = client(tmp_path, f"#!/bin/sh\n{refusal}\nexit 1\n")
 
@@ -46,6 +48,10 @@ def test_it_says_why_a_host_runs_no_containers(tmp_path):
     assert hosts.container_engine("docker", silent)["reason"] == (
         "the engine does not answer (Cannot connect to the Docker daemon. Is it running?): "
         "start it (make containers)"
+    )
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert hosts.container_engine("docker", client(tmp_path, FAKE_CLIENT))["reason"] == (
+        "the worker is not root, and the container driver runs on root workers only"
     )
 
 
