@@ -9,7 +9,7 @@
 # 1. Debian's docker.io, installed where root and apt-get can (quick when it is there).
 # 2. dockerd, started in the background unless one answers already; waits until `docker info` does.
 # 3. Each image only when missing (the daemon keeps them): evalsite/busybox (busybox-static),
-#    evalsite/debian:<codename> (debootstrap --variant=minbase, ~105 s), tagged debian:<codename>-slim,
+#    evalsite/debian:<codename> (debootstrap --variant=minbase, 30-105 s), tagged debian:<codename>-slim,
 #    and evalsite/python:<version> (Debian's python3 from .debs downloaded on this host), tagged
 #    python:<version>-slim-<codename> and python:<version>-slim, so unmodified task Dockerfiles build.
 #
@@ -101,6 +101,9 @@ has_image() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
 # host with a registry keeps the real one).
 tag_public() {
   local ours=$1 name=$2 label
+  if [ "$("$DOCKER" image inspect -f '{{.Id}}' "$name" 2>/dev/null)" = "$("$DOCKER" image inspect -f '{{.Id}}' "$ours")" ]; then
+    return
+  fi
   if has_image "$name"; then
     label=$("$DOCKER" image inspect --format "{{index .Config.Labels \"$LABEL\"}}" "$name" 2>/dev/null)
     if [ -z "$label" ] || [ "$label" = "<no value>" ]; then
@@ -184,13 +187,15 @@ debian_image() {
 
 python_image() {
   local codename=$1 base="evalsite/debian:$1" version image started context packages status
-  # The version Debian's python3 has here (3.11 on bookworm), as python images name it.
-  version=$(apt-cache show --no-all-versions python3 2>/dev/null | awk -F'[ .]' '/^Version:/ { print $2 "." $3; exit }')
-  [ -n "$version" ] || give_up "apt-cache knows no python3: no python image"
-  image="evalsite/python:$version"
-  if has_image "$image"; then
+  image=$("$DOCKER" image ls --filter "label=$LABEL=python-$codename" --format '{{.Repository}}:{{.Tag}}' |
+    grep -m1 '^evalsite/python:')
+  if [ -n "$image" ]; then
     say "image $image: present"
   else
+    # The version Debian's python3 has here (3.11 on bookworm), as python images name it.
+    version=$(apt-cache show --no-all-versions python3 2>/dev/null | awk -F'[ .]' '/^Version:/ { print $2 "." $3; exit }')
+    [ -n "$version" ] || give_up "apt-cache knows no python3: no python image"
+    image="evalsite/python:$version"
     started=$(now)
     context="$WORK/python-context"
     rm -rf "$context" && mkdir -p "$context/debs"
@@ -219,6 +224,7 @@ EOF
     [ $status = 0 ] || give_up "docker build of $image failed"
     say "image $image: Debian's python3 and $(echo "$packages" | wc -l) .debs on $base in $(since "$started")"
   fi
+  version=${image#evalsite/python:}
   tag_public "$image" "python:$version-slim-$codename"
   tag_public "$image" "python:$version-slim"
 }
@@ -226,12 +232,12 @@ EOF
 images() {
   engine_answers || give_up "dockerd does not answer: no images made"
   local codename
-  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  codename=$(. /etc/os-release 2>/dev/null && [ "${ID:-}" = debian ] && echo "${VERSION_CODENAME:-}")
   exec 9>"$WORK/images.lock"
   # One builder at a time (make run's background build, then make test).
   flock 9
   busybox_image
-  if [ -z "$codename" ] || [ ! -r /etc/debian_version ]; then
+  if [ -z "$codename" ]; then
     give_up "this host is not Debian: no glibc base image (debootstrap follows the host's own release)"
   fi
   debian_image "$codename"
