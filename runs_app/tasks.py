@@ -96,7 +96,7 @@ def _beat(name: str, slots: int) -> None:
     while True:
         beats += 1
         if beats % SWEEP_EVERY_BEATS == 0:
-            # An engine that stopped (or whose images were removed) is said within a minute.
+            # An engine that stopped (or whose images went) is said within a minute.
             found = hosts.container_engine(settings.CONTAINER_ENGINE, settings.DOCKER_CLI)
             # A worker killed on this host left its trials' folders (each a file system of its
             # own on a root worker): removed once their leases expired, not at the next start.

@@ -101,7 +101,9 @@ def _without(reason: str) -> dict:
 def _ask_engine(argv: list[str]) -> list[str] | str:
     """The client's output lines, or why it failed (its last error line)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=20, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         return "no answer within 20 s"
     except OSError as exc:
