@@ -446,13 +446,17 @@ class ApiToken(models.Model):
 
 class Worker(models.Model):
     """A Celery worker process, as it last reported itself (the workers page, the run page's
-    banner): its host, how many trials it runs at once, its code and agent CLI versions."""
+    banner): its host, how many trials it runs at once, its code and agent CLI versions, and
+    whether it takes container trials."""
 
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=200, blank=True)
     slots = models.PositiveIntegerField(default=0)
     code_version = models.CharField(max_length=64, blank=True)
     agent_versions = models.JSONField(default=dict, blank=True)
+    # {"containers": true, "engine": "docker 20.10.24", "images": [...], "missing": [...]} or
+    # {"containers": false, "reason": "..."} (engine.hosts.container_engine).
+    capabilities = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
 
