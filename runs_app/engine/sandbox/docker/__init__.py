@@ -13,11 +13,11 @@ trial a `docker exec` into it under the host's process control (`process`). Root
    mounts appear for its command and go after it, read-only ones read-only from the start,
    hidden ones an empty tmpfs. So grading sees the task's files and the agent never does, and a
    command naming the reference sees the workspace read-only, as under bubblewrap.
-3. `exec` runs the command under `box run` (its phase's rlimits), lowers the
-   container's pids and memory caps to the phase's for its time, and when the client ends
-   (the command's end, its wall clock, a stop) ends every process of the container but PID 1 (a
-   grace period after SIGTERM when stopped): nothing an agent starts outlives its phase, like
-   a bubblewrap PID namespace. Commands of one sandbox run one at a time.
+3. `exec` runs the command under `box run` (its phase's rlimits), lowers the container's pids
+   and memory caps to the phase's for its time, and when the client ends (the command's end,
+   its wall clock, a stop) ends every process of the container but PID 1 (a grace period after
+   SIGTERM when stopped): nothing an agent starts outlives its phase, like a bubblewrap PID
+   namespace. Commands of one sandbox run one at a time.
 4. `cleanup()` removes the container and its anonymous volumes (`rm -f -v`), the mounts, the
    folders and the leased uid, whatever happened; `reap()` removes what a dead worker left.
 
@@ -25,7 +25,14 @@ With `in_image`, the workspace is the image's own folder (Harbor's /app): files 
 written through the container's root, beneath that folder (`read_file`, `write_file`), and
 `pull_workspace()` copies it to the host's `paths.workspace` for snapshots, diffs and artifacts.
 The layer it lives in has no kernel cap here (overlay2 on ext4 takes no `--storage-opt size`):
-its size is walked with the trial's disk cap, like a non-root worker's folders.
+its size is walked with the trial's disk cap, like a non-root worker's folders. Elsewhere the
+workspace may be mounted at another path than its host one (`workdir`): `command_path` says
+where commands see a host path.
+
+Root in the container is root on the host unless the engine remaps users (dockerd
+`--userns-remap`, a daemon-wide setting): either way the folders belong to the container user's
+ids on the host (its PID 1's), and the container holds no capability beyond the list above, no
+new privileges, no engine socket, no network.
 
 Pure Python, Linux only, no Django.
 """
@@ -61,7 +68,16 @@ from runs_app.engine.sandbox.docker import command
 from runs_app.engine.sandbox.docker import mounts as host_mounts
 from runs_app.engine.sandbox.docker.cgroup import ContainerCgroup, host_identity
 
-__all__ = ["ContainerSandbox", "Leftover", "Resources", "containers", "discard", "reap", "worker_id"]
+__all__ = [
+    "ContainerSandbox",
+    "Leftover",
+    "Resources",
+    "containers",
+    "discard",
+    "reap",
+    "unavailable",
+    "worker_id",
+]
 
 TMP = Path("/tmp")
 # The client's own process caps: a Go program with a few dozen threads.
@@ -75,6 +91,22 @@ class Resources:
     memory_bytes: int | None = None
     cpus: float | None = None
     pids: int | None = None
+
+
+def unavailable() -> str | None:
+    """Why this worker cannot run container sandboxes, or None when it can (a worker says so
+    before it takes container trials; tests skip with it)."""
+    if os.geteuid() != 0:
+        return "the container driver runs on root workers only"
+    problem = host_mounts.unsupported()
+    if problem:
+        return problem
+    try:
+        command.docker_binary()
+        command.call(["version", "--format", "{{.Server.Version}}"], timeout=15)
+    except (SandboxError, SandboxUnavailable) as exc:
+        return f"no container engine answers here (`make containers` starts dockerd): {exc}"
+    return None
 
 
 def worker_id() -> str:
@@ -407,7 +439,7 @@ class ContainerSandbox(Sandbox):
             return Path(self.workdir) / path.relative_to(host_workspace)
         return path
 
-    def container_path(self, path: Path) -> Path:
+    def command_path(self, path: Path) -> Path:
         """Where a host path of the sandbox is in the container: the workspace's at the
         workdir, every other at its own path (the engine's variables naming paths need it)."""
         return self._container_path(path, self.started.workspace)

@@ -77,6 +77,19 @@ class Placed:
     made: list[PurePosixPath]
 
 
+def unsupported() -> str | None:
+    """Why this kernel cannot make the driver's mounts (the mount API, openat2), or None."""
+    for number, name in ((_OPEN_TREE, "open_tree"), (_MOUNT_SETATTR, "mount_setattr"), (_OPENAT2, "openat2")):
+        # Bad arguments on purpose: a kernel that has the call says EBADF or EINVAL, not ENOSYS.
+        missing = (
+            _LIBC.syscall(ctypes.c_long(number), -1, None, 0, None, 0) < 0
+            and ctypes.get_errno() == errno.ENOSYS
+        )
+        if missing:
+            return f"this kernel lacks {name} (Linux 5.12 or later runs container sandboxes)"
+    return None
+
+
 def make_skeleton(folder: Path) -> None:
     """A small tmpfs at `folder` (an empty folder), shared, so what is mounted under it
     propagates to the containers that mount its folders as slaves."""
