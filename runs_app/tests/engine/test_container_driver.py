@@ -532,6 +532,12 @@ def test_discard_removes_a_trial_folders_container(boxes):
     assert not box.root.exists()
 
 
+def test_it_reads_what_the_image_says_of_itself(image):
+    config = driver.image_config(image)
+    assert (config.user, config.workdir) == ("", "")
+    assert config.env["PATH"] == "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def test_it_says_which_image_is_missing(engine, base):
     box = open_sandbox("docker", base / "none", stage_root=None, image="evalsite/no-such-image:1")
     with pytest.raises(SandboxError, match="no-such-image"):
@@ -598,9 +604,8 @@ def test_a_memory_balloon_cannot_take_the_host(boxes):
     assert result.exit_code != 0 and result.memory_exhausted
 
 
-def test_signals_from_the_host_reach_only_the_sandbox(boxes):
+def test_its_pid_1_ends_the_container_on_sigterm(boxes):
     box = boxes()
-    # The container's PID 1 ends the container on SIGTERM: the trial's sandbox, not the host's.
     os.kill(box.cgroup.init_pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while (
@@ -610,7 +615,7 @@ def test_signals_from_the_host_reach_only_the_sandbox(boxes):
     assert not json.loads(docker("inspect", box.name).stdout)[0]["State"]["Running"]
 
 
-def test_pull_workspace_refuses_nothing_a_tar_could_hide(boxes):
+def test_pull_workspace_keeps_links_as_links_and_follows_none(boxes):
     box = boxes(user="root", workdir="/app", in_image=True)
     run(box, "ln -s ../../../../etc escape-dir; mkdir -p sub; ln -s /etc/passwd sub/abs")
     mirror = box.pull_workspace()

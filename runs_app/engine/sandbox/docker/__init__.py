@@ -72,8 +72,10 @@ __all__ = [
     "ContainerSandbox",
     "Leftover",
     "Resources",
+    "ImageConfig",
     "containers",
     "discard",
+    "image_config",
     "reap",
     "unavailable",
     "worker_id",
@@ -91,6 +93,24 @@ class Resources:
     memory_bytes: int | None = None
     cpus: float | None = None
     pids: int | None = None
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image says of itself: its USER ("" for root), WORKDIR ("" for /), ENV, labels."""
+
+    user: str
+    workdir: str
+    env: dict[str, str]
+    labels: dict[str, str]
+
+
+def image_config(image: str) -> ImageConfig:
+    """`docker image inspect`: what the engine reads before it opens a sandbox of the image
+    (coder-eval's images name their user and workdir, Harbor's their folder)."""
+    found = json.loads(command.call(["image", "inspect", image]))[0].get("Config") or {}
+    env = dict(item.split("=", 1) for item in found.get("Env") or [] if "=" in item)
+    return ImageConfig(found.get("User") or "", found.get("WorkingDir") or "", env, found.get("Labels") or {})
 
 
 def unavailable() -> str | None:
