@@ -154,15 +154,16 @@ def test_it_keeps_suite_hooks_to_the_experiment_and_budgets_to_other_roles():
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("sandbox", {"driver": "docker"}),
-        ("sandbox", {"docker": {"image": "python:3.12"}}),
         ("expected_commands", 3),
         ("sandbox", {"limits": {"max_cpus": 2}}),
+        ("sandbox", {"record_cli": [{"tool": "uip"}]}),
     ],
 )
 def test_it_refuses_each_coder_eval_feature_it_does_not_run(field, value):
     data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], field: value}
-    with pytest.raises(ValidationError, match="is not built in evalsite|runs no container runtime"):
+    with pytest.raises(
+        ValidationError, match="is not built in evalsite|is not built for the namespace sandbox"
+    ):
         TaskSpec.model_validate(data)
 
 
@@ -305,7 +306,15 @@ def test_it_lists_the_task_and_layer_field_names_in_one_place():
         "repeats",
     }
     # Identity and fan-out belong to the task alone: no layer may change them.
-    assert set(TASK_FIELDS) - set(LAYER_FIELDS) == {"task_id", "description", "tags", "skip", "dataset"}
+    # (integrity too: what the agent must leave alone is the task's to say.)
+    assert set(TASK_FIELDS) - set(LAYER_FIELDS) == {
+        "task_id",
+        "description",
+        "tags",
+        "skip",
+        "dataset",
+        "integrity",
+    }
 
 
 def test_it_allows_only_one_prompt_change_per_variant():
