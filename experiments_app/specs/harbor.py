@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from experiments_app.specs.base import SpecError, SpecModel
 from experiments_app.specs.docker import check_env, check_user
@@ -279,6 +279,23 @@ class HarborEnvironment(_Table):
     skills_dir: Any = None
     healthcheck: Any = None
 
+    @model_validator(mode="after")
+    def _hosts_need_an_allowlist(self) -> HarborEnvironment:
+        # Harbor's rule: hosts alone mean an allowlist; beside another mode they are an error.
+        if self.allowed_hosts and self.network_mode not in (None, "allowlist"):
+            raise SpecError(
+                (
+                    ("allowed_hosts",),
+                    f'allowed_hosts needs network_mode = "allowlist", not {self.network_mode!r}',
+                )
+            )
+        return self
+
+    @property
+    def allowlist(self) -> bool:
+        """Whether the task names the hosts it reaches (Harbor's "allowlist" network)."""
+        return self.network_mode == "allowlist" or (self.network_mode is None and bool(self.allowed_hosts))
+
     @field_validator("memory", "storage")
     @classmethod
     def _size(cls, v: str | None) -> str | None:
@@ -413,6 +430,7 @@ def _refusals(doc: TomlDoc) -> list[SpecIssue]:
         isinstance(environment, dict)
         and environment.get("allow_internet") is True
         and environment.get("network_mode") is None
+        and not environment.get("allowed_hosts")  # hosts alone make an allowlist, which wins
     ):
         issues.append(
             doc.issue(
@@ -622,8 +640,9 @@ def _task_data(name: str, config: HarborTaskToml, doc: TomlDoc) -> tuple[dict[st
     put(data, (*limits, "max_cpus"), env.cpus, ("environment", "cpus"))
     put(data, (*limits, "max_memory_mb"), _size_mb(env.memory) if env.memory else env.memory_mb, memory)
     put(data, (*limits, "max_disk_mb"), _size_mb(env.storage) if env.storage else env.storage_mb, storage)
-    # Network: none, unless the task lists hosts (reached through the gateway).
-    if env.network_mode == "allowlist" or env.allowed_hosts:
+    # Network: none, unless the task lists hosts (reached through the gateway only). An allowlist
+    # of no host reaches nothing, as in Harbor.
+    if env.allowlist and env.allowed_hosts:
         put(data, ("sandbox", "network"), "bridge", ("environment", "network_mode"))
         put(data, ("sandbox", "allowed_hosts"), list(env.allowed_hosts), ("environment", "allowed_hosts"))
     else:

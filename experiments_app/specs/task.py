@@ -712,13 +712,15 @@ def _container_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]
         return issues
     docker = box.docker
     if docker.image is None and docker.dockerfile_path is None:
+        unknown = ", ".join(map(repr, docker.model_extra or {}))
         issues.append(
             (
                 ("sandbox", "driver"),
                 "driver: docker needs docker.image (an image every worker holds) or "
                 "docker.dockerfile_path (a Dockerfile beside the task): coder-eval's default image "
                 "coder-eval-agent:<version> is built from coder-eval's source and no worker has it "
-                "(docs/coder-eval.md says what to use instead)",
+                "(docs/coder-eval.md says what to use instead)"
+                + (f"; sandbox.docker holds unknown keys: {unknown}" if unknown else ""),
             )
         )
     if docker.network == "bridge" and box.network != "bridge":

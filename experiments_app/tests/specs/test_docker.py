@@ -102,6 +102,7 @@ def test_it_accepts_a_cpu_cap_only_for_a_container():
     ("sandbox", "says"),
     [
         ({"driver": "docker"}, "coder-eval-agent:<version> is built from coder-eval's source"),
+        ({"driver": "docker", "docker": {"imgae": "x"}}, "sandbox.docker holds unknown keys: 'imgae'"),
         ({"driver": "docker", "docker": {"network": "bridge", "image": "x"}}, "open internet in coder-eval"),
         (
             {

@@ -282,6 +282,12 @@ def test_it_refuses_a_yaml_task_and_a_harbor_folder_of_one_id(tmp_path):
             "one network",
         ),
         (
+            '[environment]\nallow_internet = false\n[verifier]\nallowed_hosts = ["x.org"]\n',
+            4,
+            "verifier.allowed_hosts",
+            "one network",
+        ),
+        (
             '[environment]\nallow_internet = false\n[verifier]\nimport_path = "pkg.mod:Check"\n',
             4,
             "verifier.import_path",
@@ -333,6 +339,15 @@ def test_it_refuses_what_it_cannot_run_as_harbor_does_by_name_at_its_line(tmp_pa
 
     assert error.startswith(f"{folder}/task.toml:{line}: {field}: "), error
     assert says in error
+
+
+def test_it_has_a_case_above_for_every_key_it_refuses():
+    from experiments_app.specs.harbor import REFUSED
+
+    (marker,) = test_it_refuses_what_it_cannot_run_as_harbor_does_by_name_at_its_line.pytestmark
+    tested = {case[2] for case in marker.args[1]}
+
+    assert {".".join(path) for path, _, _ in REFUSED} | {"environment.allow_internet"} <= tested
 
 
 @pytest.mark.parametrize(
@@ -563,3 +578,32 @@ def test_it_reads_a_verifiers_rewards_as_harbor_does(reward_json, reward_txt, re
 def test_it_makes_a_bad_reward_file_an_error_never_a_score(reward_json, reward_txt, says):
     with pytest.raises(ValueError, match=r"" + says.replace("[", r"\[").replace("]", r"\]")):
         verifier_rewards(reward_json, reward_txt)
+
+
+@pytest.mark.parametrize(
+    ("environment", "network", "hosts"),
+    [
+        ("allow_internet = false", "none", None),
+        ("", "none", None),  # Harbor's default is internet; evalsite's is none (docs/harbor.md)
+        ('network_mode = "no-network"', "none", None),
+        ('network_mode = "allowlist"', "none", None),  # an allowlist of no host reaches nothing
+        ('allowed_hosts = ["pypi.org"]', "bridge", ["pypi.org"]),  # hosts alone are an allowlist
+        ('allow_internet = true\nallowed_hosts = ["pypi.org"]', "bridge", ["pypi.org"]),
+        ('allow_internet = true\nnetwork_mode = "no-network"', "none", None),  # the mode wins
+    ],
+)
+def test_it_gives_a_harbor_task_no_network_unless_it_lists_hosts(tmp_path, environment, network, hosts):
+    spec = spec_of(harbor_folder(tmp_path / "net", f"[environment]\n{environment}\n"))
+
+    assert (spec["sandbox"]["network"], spec["sandbox"].get("allowed_hosts")) == (network, hosts)
+
+
+def test_it_refuses_hosts_beside_another_network_mode_as_harbor_does(tmp_path):
+    folder = harbor_folder(
+        tmp_path / "net", '[environment]\nnetwork_mode = "no-network"\nallowed_hosts = ["pypi.org"]\n'
+    )
+
+    assert only_error(folder) == (
+        f"{folder}/task.toml:3: environment.allowed_hosts: allowed_hosts needs "
+        "network_mode = \"allowlist\", not 'no-network'"
+    )
