@@ -404,9 +404,7 @@ REFUSED: list[tuple[tuple[str, ...], Any, str]] = [
     (
         ("environment", "healthcheck"),
         _given,
-        "a readiness check run before the agent: evalsite starts the agent once the container runs, and "
-        "runs no service in it: remove it (start what the task needs from the agent's side, or the "
-        "Dockerfile's CMD is not run either)",
+        "a readiness check before the agent starts: evalsite has no such step: remove it",
     ),
 ]
 
@@ -544,9 +542,9 @@ def harbor_task(doc: TomlDoc, *, lenient: bool = False) -> HarborTask:
         return result
     for loc, message in unknown_key_problems(config):
         if lenient:
-            result.warnings.append(
-                doc.issue(loc, message.split(" (known here")[0] + ", kept but not used", "warning")
-            )
+            unknown, _, hint = message.partition(" (known here")[0].partition("; ")
+            warning = f"{unknown}, kept but not used" + (f"; {hint}" if hint else "")
+            result.warnings.append(doc.issue(loc, warning, "warning"))
         else:
             result.errors.append(doc.issue(loc, message.removesuffix(")") + "; --lenient warns instead)"))
     name = os.path.basename(doc.folder)

@@ -412,13 +412,14 @@ def test_it_names_the_line_and_key_of_each_problem_in_task_toml(tmp_path, toml, 
 
 
 def test_it_warns_of_unknown_keys_when_lenient(tmp_path):
-    folder = harbor_folder(tmp_path / "lenient", VALID + 'colour = "blue"\n')
+    folder = harbor_folder(tmp_path / "lenient", VALID + 'colour = "blue"\ncpu = 2\n')
 
     result = load_tasks([folder], lenient=True)
 
     assert result.ok and [t.task_id for t in result.tasks] == ["lenient"]
     assert [str(w) for w in result.warnings] == [
-        f"{folder}/task.toml:11: environment.colour: unknown key 'colour', kept but not used"
+        f"{folder}/task.toml:11: environment.colour: unknown key 'colour', kept but not used",
+        f"{folder}/task.toml:12: environment.cpu: unknown key 'cpu', kept but not used; did you mean 'cpus'?",
     ]
 
 
