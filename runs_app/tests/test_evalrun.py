@@ -288,3 +288,56 @@ def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
     Worker.objects.update(code_version=run.code_version)
     again = evalrun(tasks, "-e", experiment, "--no-wait")
     assert again.returncode == 0 and "no live worker" not in again.stderr
+
+
+HARBOR = settings.BASE_DIR / "examples" / "harbor"
+
+
+def test_it_takes_a_harbor_task_folder_like_a_task_file():
+    """Up to the launch: the worker's container driver is pending, and until it lands launching
+    refuses container tasks (`runs_app/launching.py`). Once they launch, the else branch holds."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    try:
+        call_command("evalrun", str(HARBOR / "hello-world"), "-T", "oracle", "--no-wait", stdout=out)
+    except CommandError as exc:  # pending: container tasks refused at launch
+        assert exc.returncode == 2
+        assert str(exc).startswith("cannot start the run") and "hello-world × oracle" in str(exc)
+        assert "docker" in str(exc)
+        assert not Run.objects.exists()
+    else:
+        trial = Trial.objects.get()
+        assert trial.config["sandbox"]["driver"] == "docker" and trial.config["agent"]["type"] == "oracle"
+        assert trial.config["success_criteria"][0]["type"] == "verifier"
+    assert "tasks: 1 created" in out.getvalue()
+    task = Task.objects.get()
+    assert task.slug == "hello-world" and task.current_version().yaml_path == "task.toml"
+
+
+def test_it_names_a_harbor_folders_problems_and_exits_2(tmp_path):
+    import io
+    import shutil
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    folder = Path(shutil.copytree(HARBOR / "hello-world", tmp_path / "hello-world"))
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("cpus = 1", "cpu = 1"))
+    (folder / "instruction.md").unlink()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command(
+            "evalrun", str(folder), str(HARBOR / "shout-and-count"), "-T", "none", stdout=io.StringIO()
+        )
+
+    message = str(excinfo.value)
+    assert excinfo.value.returncode == 2
+    assert message.startswith("cannot load the task files: 2 problem(s)")
+    assert f"{folder}/task.toml:17: environment.cpu: unknown key 'cpu'; did you mean 'cpus'?" in message
+    assert f"{folder}/instruction.md: not found" in message
+    assert not Task.objects.exists()
