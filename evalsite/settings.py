@@ -435,6 +435,16 @@ if CONTAINER_ENGINE not in ("docker", "none"):
 # The engine's client: Debian's, never the first `docker` on PATH (a preinstalled one may lack the
 # buildx plugin that BuildKit builds need).
 DOCKER_CLI = env_str("EVALSITE_DOCKER", "/usr/bin/docker")
+# A registry (host:port[/path]) container hosts share: a task's image is built once, pushed there,
+# and pulled by the other hosts. Empty: each host builds the images it runs.
+IMAGE_REGISTRY = env_str("EVALSITE_IMAGE_REGISTRY", "").rstrip("/")
+# What the RUN steps of a task's Dockerfile reach: "none" by default (the engine's bridge reaches
+# the host's own services); "default" lets builds download packages.
+BUILD_NETWORK = env_str("EVALSITE_BUILD_NETWORK", "none")
+if BUILD_NETWORK not in ("none", "default"):
+    raise ImproperlyConfigured(f"EVALSITE_BUILD_NETWORK={BUILD_NETWORK!r}: use none or default")
+# Worker variables a task's build secrets (`sandbox.docker.build.secrets: [id=X,env=NAME]`) may read.
+BUILD_SECRET_NAMES = env_list("EVALSITE_BUILD_SECRETS", [])
 # Worker environment variables an agent may receive (by naming them in its config). Nothing
 # else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
 AGENT_SECRET_NAMES = env_list(

@@ -237,6 +237,9 @@ class Trial(models.Model):
     # What the agent changed of the task's protected paths (`integrity.protected`), with the diff;
     # "" when it changed none. A tampered trial fails.
     tampered = models.TextField(blank=True)
+    # A container trial's image as its worker's engine names it (`sha256:...`): what the
+    # environment was, for provenance and for telling runs apart. "" outside containers.
+    image_digest = models.CharField(max_length=100, blank=True)
     budget_exceeded = models.CharField(
         max_length=30,
         blank=True,

@@ -80,3 +80,22 @@ def require_engine() -> dict:
             pytest.fail(f"{why} (EVALSITE_REQUIRE_CONTAINERS is set: the engine must run here)")
         pytest.skip(why)
     return found
+
+
+def container_worker(log_dir: Path, concurrency: int = 2, extra_env: dict[str, str] | None = None):
+    """A real worker that takes container trials, once it has said so (launches need that)."""
+    from conftest import WorkerProcess, purge_broker, wait_for
+    from runs_app import control
+
+    purge_broker()
+    purge_container_queues()
+    # As the first trial on a host leaves it (a fresh checkout's test root is made 0700 otherwise).
+    Path(settings.SANDBOX_ROOT).mkdir(exist_ok=True)
+    os.chmod(settings.SANDBOX_ROOT, 0o711)
+    worker = WorkerProcess(log_dir, concurrency=concurrency, extra_env=extra_env).start()
+    wait_for(
+        lambda: control.container_workers().exists(),
+        timeout=60,
+        message=lambda: f"the worker to report it runs containers; log:\n{worker.log()[-3000:]}",
+    )
+    return worker

@@ -27,7 +27,8 @@ Rules (coder-eval's unless noted):
    a symlink leading outside the workspace fails the check.
 
 The types are the spec's (`experiments_app.specs.criteria.CRITERION_TYPES`): each has its model
-there and its implementation in one family module here (`files`, `commands`, `judge`); the
+there and its implementation in one family module here (`files`, `commands`, `judge`,
+`container`); the
 engine refuses to start when the two lists differ.
 """
 
@@ -40,8 +41,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from experiments_app.specs.criteria import CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
-from runs_app.engine.criteria import commands, files, judge
+from experiments_app.specs.criteria import ALL_CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
+from runs_app.engine.criteria import commands, container, files, judge
 from runs_app.engine.criteria.base import (
     CommandOutcome,
     CriterionConfigError,
@@ -78,12 +79,12 @@ EPSILON = 1e-9
 # Each family's types, with the spec's default threshold.
 BUILTINS = {
     kind.name: dataclasses.replace(kind, default_pass_threshold=default_pass_threshold(kind.name))
-    for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA]
+    for kind in [*files.CRITERIA, *commands.CRITERIA, *judge.CRITERIA, *container.CRITERIA]
 }
-if set(BUILTINS) != set(CRITERION_TYPES):
+if set(BUILTINS) != set(ALL_CRITERION_TYPES):
     raise ImportError(
-        f"criterion types without an implementation: {sorted(set(CRITERION_TYPES) - set(BUILTINS))}; "
-        f"without a spec: {sorted(set(BUILTINS) - set(CRITERION_TYPES))}"
+        f"criterion types without an implementation: {sorted(set(ALL_CRITERION_TYPES) - set(BUILTINS))}; "
+        f"without a spec: {sorted(set(BUILTINS) - set(ALL_CRITERION_TYPES))}"
     )
 
 
@@ -251,7 +252,13 @@ def weighted_score(results: list[CriterionResult]) -> float:
 
 def grade(criteria: list[dict], ctx: GradingContext) -> GradeResult:
     """Grade every criterion (all of them, even after one crashed, so the page shows each)."""
-    results = [grade_one(index, criterion, ctx) for index, criterion in enumerate(criteria)]
+    graded = [
+        part
+        for index, criterion in enumerate(criteria)
+        for part in container.split_rewards(grade_one(index, criterion, ctx), EPSILON)
+    ]
+    # A verifier's rewards are results of their own: each result has its own place.
+    results = [dataclasses.replace(result, index=place) for place, result in enumerate(graded)]
     errors = [f"criterion {r.index + 1} ({r.type}): {r.error}" for r in results if r.error]
     return GradeResult(
         criteria=results,

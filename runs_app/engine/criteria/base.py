@@ -76,6 +76,9 @@ class GradingContext:
     # How a criterion asks a model (llm_judge): the worker's judge gateway, which counts the call
     # as the judge's; `post_model(body, timeout)` returns the reply. None: straight to the API.
     post_model: Callable[[dict, float], dict] | None = None
+    # How a container criterion runs its script (`verifier`): `run_verifier(params)` returns its
+    # rewards by name and details, or raises ValueError (no usable reward). None: not a container.
+    run_verifier: Callable[[dict], tuple[dict[str, float], dict]] | None = None
 
 
 @dataclass

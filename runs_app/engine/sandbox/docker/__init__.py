@@ -331,7 +331,10 @@ class ContainerSandbox(Sandbox):
         should_stop: Callable[[], str | None] | None = None,
         poll_interval: float = 0.25,
         fresh_home: bool = False,
+        user: str | None = None,
     ) -> ProcessResult:
+        """As `Sandbox.exec`; `user`: who runs it, when not the container's user (a verifier
+        that names its own)."""
         paths = self.started
         args = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
         with self._lock:
@@ -353,7 +356,7 @@ class ContainerSandbox(Sandbox):
                 options = process._launch_options(None, process._rlimits(limits, None, False), [])
                 client = command.exec_args(
                     name=self.name, argv=args, workdir=PurePosixPath(self.cwd), env_file=env_file,
-                    inline_env=inline, limit_options=options, stdin=stdin is not None,
+                    inline_env=inline, limit_options=options, stdin=stdin is not None, user=user,
                 )  # fmt: skip
                 with self._phase_caps(cgroup, limits):
                     result = process.run(
@@ -518,14 +521,33 @@ class ContainerSandbox(Sandbox):
         finally:
             os.close(folder)
 
-    def pull_workspace(self) -> Path:
-        """In the image's folder mode: copy that folder to the host's `paths.workspace` (replaced)
-        for snapshots, diffs and artifacts, and return it. (The other mode mounts it: a no-op.)"""
+    def push_workspace(self) -> None:
+        """In the image's folder mode: copy the host's `paths.workspace` (what the engine wrote
+        there: template sources, a reference, an agent's prompt files) into that folder, with its
+        owners and modes. (The other mode mounts it: a no-op.)"""
+        paths = self.started
+        if not self.in_image or not any(paths.workspace.iterdir()):
+            return
+        target = f"{self.name}:{self.workdir}"
+        argv = [command.docker_binary(), "cp", "--archive", f"{paths.workspace}/.", target]
+        copy = subprocess.run(
+            argv, capture_output=True, stdin=subprocess.DEVNULL, env=command.client_env(),
+            timeout=command.CALL_TIMEOUT,
+        )  # fmt: skip
+        if copy.returncode != 0:
+            error = copy.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise SandboxError(f"copying the workspace into {self.workdir} failed: {error}")
+
+    def pull_workspace(self, into: Path | None = None) -> Path:
+        """In the image's folder mode: copy that folder to `into` (by default the host's
+        `paths.workspace`), replaced, for snapshots, diffs and artifacts, and return it. (The
+        other mode mounts it: a no-op returning `paths.workspace`.)"""
         paths = self.started
         if not self.in_image:
             return paths.workspace
-        workspace.remove_tree(paths.workspace)
-        paths.workspace.mkdir(mode=0o700)
+        target = into or paths.workspace
+        workspace.remove_tree(target)
+        target.mkdir(mode=0o700)
         copy = subprocess.Popen(
             [command.docker_binary(), "cp", f"{self.name}:{self.workdir}/.", "-"], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=command.client_env(),
@@ -533,7 +555,7 @@ class ContainerSandbox(Sandbox):
         assert copy.stdout is not None and copy.stderr is not None
         try:
             with tarfile.open(fileobj=copy.stdout, mode="r|") as archive:
-                archive.extractall(paths.workspace, filter=_mirror_filter)
+                archive.extractall(target, filter=_mirror_filter)
         except (tarfile.TarError, OSError) as exc:
             copy.kill()
             raise SandboxError(f"copying {self.workdir} out of the container failed: {exc}") from None
@@ -544,7 +566,7 @@ class ContainerSandbox(Sandbox):
             copy.wait()
         if copy.returncode != 0:
             raise SandboxError(f"copying {self.workdir} out of the container failed: {error[-500:]}")
-        return paths.workspace
+        return target
 
 
 def _client_limits(limits: Limits) -> Limits:

@@ -170,9 +170,13 @@ def exec_args(
     inline_env: Mapping[str, str],
     limit_options: Sequence[str],
     stdin: bool,
+    user: str | None = None,
 ) -> list[str]:
-    """`docker exec` of one command, its rlimits set by `box run` in the container."""
+    """`docker exec` of one command, its rlimits set by `box run` in the container; as `user`
+    when given (a verifier's), else as the container's user."""
     args = [docker_binary(), "exec", *(["--interactive"] if stdin else []), "--workdir", str(workdir)]
+    if user is not None:
+        args += ["--user", user]
     args += ["--env-file", str(env_file)]
     for key, value in inline_env.items():  # values an env file cannot hold (a newline)
         args += ["--env", f"{key}={value}"]
