@@ -10,7 +10,7 @@ from runs_app.engine.sandbox import docker
 from runs_app.launching import launch_run
 from runs_app.models import CriterionResult, Trial, TrialEvent
 from runs_app.tests.containers import container_worker, purge_container_queues, require_engine
-from runs_app.tests.factories import EXAMPLES, import_folder_tasks, make_experiment
+from runs_app.tests.factories import EXAMPLES, import_folder_tasks, make_experiment, make_task
 from runs_app.tests.workers import wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,3 +82,160 @@ def test_harbor_folders_run_their_oracle_and_verifier_in_a_container(worker, tmp
         for c in docker.containers()
         if str(tmp_path) in str(c.root) or c.worker.endswith(f":{worker.proc.pid}")
     ]
+
+
+# coder-eval's docker driver: a named image with the workspace mounted, and a Dockerfile whose
+# image's own folder is the workspace (working_dir), with template sources copied in.
+NAMED_IMAGE_TASK = """
+task_id: named
+initial_prompt: "Write out.txt"
+sandbox:
+  driver: docker
+  python: null
+  docker: {image: evalsite/busybox}
+  template_sources:
+    - type: starter_files
+      files: [{path: input.txt, content: "abc"}]
+pre_run:
+  - command: "test -f input.txt && echo ready > pre.txt"
+success_criteria:
+  - type: file_contains
+    path: out.txt
+    includes: ["abc"]
+  - type: run_command
+    command: "test -f pre.txt && grep -q abc out.txt"
+"""
+
+DOCKERFILE_TASK = """
+task_id: built
+initial_prompt: "Copy the greeting"
+sandbox:
+  driver: docker
+  python: null
+  docker:
+    dockerfile_path: env/Dockerfile
+    working_dir: auto
+    build: {args: {GREETING: hello}}
+  template_sources:
+    - type: starter_files
+      files: [{path: extra.txt, content: "from the task"}]
+success_criteria:
+  - type: run_command
+    command: "grep -q hello out.txt && grep -q 'from the task' out.txt && test \\"$(pwd)\\" = /work"
+"""
+
+DOCKERFILE = """
+FROM evalsite/busybox
+ARG GREETING
+WORKDIR /work
+RUN echo "$GREETING" > /work/greeting.txt
+"""
+
+COMMAND_AGENTS = """
+experiment_id: docker-tasks
+max_parallel: 4
+defaults:
+  repeats: 2
+variants:
+  - variant_id: agent
+    agent: {type: command, command: "cat greeting.txt input.txt extra.txt > out.txt 2>/dev/null; true"}
+  - variant_id: none
+    agent: {type: none}
+"""
+
+
+def test_coder_eval_docker_tasks_run_through_a_worker(worker, tmp_path):
+    make_task(tmp_path, "named", NAMED_IMAGE_TASK)
+    make_task(tmp_path, "built", DOCKERFILE_TASK, files={"env/Dockerfile": DOCKERFILE})
+    import_folder_tasks(tmp_path)
+    run = wait_for_run(launch_run(make_experiment(tmp_path, COMMAND_AGENTS)), 240, worker)
+
+    errors = list(Trial.objects.filter(run=run, status="error").values_list("error_message", flat=True))
+    assert not errors, errors
+    found = outcomes(run)
+    assert found[("agent", "named")] == ["passed", "passed"]
+    assert found[("agent", "built")] == ["passed", "passed"]
+    assert found[("none", "named")] == ["failed", "failed"]
+    assert found[("none", "built")] == ["failed", "failed"]
+    # The diff of the image's folder shows what the agent wrote there.
+    built = Trial.objects.filter(run=run, variant__slug="agent", task_version__task__slug="built")[0]
+    assert "+++ b/out.txt" in built.diff and "greeting.txt" not in built.diff
+
+
+BROKEN_BUILD = """
+task_id: broken
+initial_prompt: "x"
+sandbox: {driver: docker, python: null, docker: {dockerfile_path: env/Dockerfile}}
+success_criteria: [{type: file_exists, path: x}]
+"""
+
+MISSING_IMAGE = """
+task_id: missing
+initial_prompt: "x"
+sandbox: {driver: docker, python: null, docker: {image: "evalsite/not-on-this-host:1"}}
+success_criteria: [{type: file_exists, path: x}]
+"""
+
+
+def test_an_image_that_cannot_be_had_is_an_environment_error_with_its_log(worker, tmp_path):
+    make_task(tmp_path, "broken", BROKEN_BUILD, files={"env/Dockerfile": "FROM evalsite/busybox\nRUN echo building; exit 3\n"})
+    make_task(tmp_path, "missing", MISSING_IMAGE)
+    import_folder_tasks(tmp_path)
+    run = wait_for_run(launch_run(make_experiment(tmp_path, ORACLE_AND_NONE.format(repeats=1))), 240, worker)
+
+    trials = Trial.objects.filter(run=run, variant__slug="none").select_related("task_version__task")
+    by_task = {t.task_version.task.slug: t for t in trials}
+    assert {t.status for t in trials} == {"error"}
+    assert {t.error_category for t in trials} == {"environment"}
+    assert "did not build" in by_task["broken"].error_message
+    assert "not on this worker" in by_task["missing"].error_message
+    log = TrialEvent.objects.get(trial=by_task["broken"], kind="output", data__step="image").data
+    assert "building" in log["stdout"] and log["exit_code"] == 1
+
+
+CLAUDE_TASK = """
+task_id: greet
+initial_prompt: "Write hello.txt"
+sandbox:
+  driver: docker
+  python: null
+  docker: {{image: evalsite/debian:bookworm{working_dir}}}
+success_criteria:
+  - type: file_contains
+    path: hello.txt
+    includes: ["hi from claude"]
+"""
+
+CLAUDE = """
+experiment_id: claude-in-a-container
+variants:
+  - variant_id: claude
+    agent: {{type: claude-code, model: claude-sonnet-4-6, permission_mode: acceptEdits,
+            allowed_tools: [Bash], max_retries: 0, base_url: "{url}"}}
+"""
+
+
+@pytest.mark.parametrize("working_dir", ["", ", working_dir: /srv"])
+def test_the_real_claude_cli_runs_in_a_glibc_image_through_the_gateway(tmp_path, working_dir):
+    require_engine()
+    from runs_app.tests.mock_servers import AnthropicMock, Turn, text, tool_use
+
+    key = "sk-test-real-key-only-the-gateway-holds"
+    script = [
+        Turn([tool_use("Bash", {"command": "echo 'hi from claude' > hello.txt; env > env.txt", "description": "w"})]),
+        Turn([text("Done.")]),
+    ]
+    make_task(tmp_path, "greet", CLAUDE_TASK.format(working_dir=working_dir))
+    import_folder_tasks(tmp_path)
+    with AnthropicMock(script) as api:
+        worker = container_worker(tmp_path, extra_env={"ANTHROPIC_API_KEY": key})
+        try:
+            run = wait_for_run(launch_run(make_experiment(tmp_path, CLAUDE.format(url=api.url))), 150, worker)
+        finally:
+            purge_container_queues()
+    trial = Trial.objects.get(run=run)
+    assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
+    assert trial.input_tokens > 0 and trial.image_digest.startswith("sha256:")
+    assert "+++ b/env.txt" in trial.diff and "ANTHROPIC" in trial.diff  # the placeholder and the gateway's URL
+    assert key not in trial.diff and key not in trial.agent_stdout + trial.agent_stderr
+    assert [e.data["name"] for e in TrialEvent.objects.filter(trial=trial, kind="tool_call")] == ["Bash"]
