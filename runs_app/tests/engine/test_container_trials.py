@@ -5,6 +5,7 @@ and leave no container behind."""
 import shutil
 
 import pytest
+from django.conf import settings
 
 from runs_app.engine.sandbox import docker
 from runs_app.launching import launch_run
@@ -178,7 +179,12 @@ success_criteria: [{type: file_exists, path: x}]
 
 
 def test_an_image_that_cannot_be_had_is_an_environment_error_with_its_log(worker, tmp_path):
-    make_task(tmp_path, "broken", BROKEN_BUILD, files={"env/Dockerfile": "FROM evalsite/busybox\nRUN echo building; exit 3\n"})
+    make_task(
+        tmp_path,
+        "broken",
+        BROKEN_BUILD,
+        files={"env/Dockerfile": "FROM evalsite/busybox\nRUN echo building; exit 3\n"},
+    )
     make_task(tmp_path, "missing", MISSING_IMAGE)
     import_folder_tasks(tmp_path)
     run = wait_for_run(launch_run(make_experiment(tmp_path, ORACLE_AND_NONE.format(repeats=1))), 240, worker)
@@ -222,7 +228,14 @@ def test_the_real_claude_cli_runs_in_a_glibc_image_through_the_gateway(tmp_path,
 
     key = "sk-test-real-key-only-the-gateway-holds"
     script = [
-        Turn([tool_use("Bash", {"command": "echo 'hi from claude' > hello.txt; env > env.txt", "description": "w"})]),
+        Turn(
+            [
+                tool_use(
+                    "Bash",
+                    {"command": "echo 'hi from claude' > hello.txt; env > env.txt", "description": "w"},
+                )
+            ]
+        ),
         Turn([text("Done.")]),
     ]
     make_task(tmp_path, "greet", CLAUDE_TASK.format(working_dir=working_dir))
@@ -236,6 +249,122 @@ def test_the_real_claude_cli_runs_in_a_glibc_image_through_the_gateway(tmp_path,
     trial = Trial.objects.get(run=run)
     assert trial.status == "passed", (trial.error_category, trial.error_message, trial.agent_stderr[-2000:])
     assert trial.input_tokens > 0 and trial.image_digest.startswith("sha256:")
-    assert "+++ b/env.txt" in trial.diff and "ANTHROPIC" in trial.diff  # the placeholder and the gateway's URL
+    assert (
+        "+++ b/env.txt" in trial.diff and "ANTHROPIC" in trial.diff
+    )  # the placeholder and the gateway's URL
     assert key not in trial.diff and key not in trial.agent_stdout + trial.agent_stderr
     assert [e.data["name"] for e in TrialEvent.objects.filter(trial=trial, kind="tool_call")] == ["Bash"]
+
+
+HOSTILE_TASK = """
+task_id: escape
+initial_prompt: "Leave the container"
+sandbox:
+  driver: docker
+  python: null
+  docker: {{image: evalsite/busybox{working_dir}}}
+success_criteria:
+  - type: run_command
+    # Root working in the image may write its own layer (the image is the task's system): no more.
+    command: "tail -n 1 escape.txt | grep -qx done && ! grep ESCAPED escape.txt | grep -vqx 'ESCAPED write-system: /etc/escape'"
+"""
+
+BALLOON_TASK = """
+task_id: balloon
+initial_prompt: "Take the host's memory"
+sandbox:
+  driver: docker
+  python: null
+  docker: {image: evalsite/busybox}
+  limits: {max_memory_mb: 96}
+success_criteria:
+  - type: run_command
+    command: "test ! -f survived.txt"
+"""
+
+HOSTILE = """
+experiment_id: hostile
+max_parallel: 4
+variants:
+  - variant_id: attacker
+    agent:
+      type: command
+      script: escape.sh
+      command: "MARKER={marker_head}$(echo {marker_tail}) sh {{script}} {port} {canary} {other} > escape.txt 2>&1; x=$(head -c 300000000 /dev/zero | tr '\\\\0' a) && touch survived.txt"
+"""
+
+
+@pytest.fixture
+def listener():
+    """A server on every address of the host: a container that reaches it has a network."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1], accepted
+    server.close()
+
+
+@pytest.mark.parametrize("working_dir", ["", ", working_dir: /app, user: root"], ids=["uid", "root-in-image"])
+def test_hostile_agents_in_a_container_get_nothing_through_a_worker(tmp_path, listener, working_dir):
+    import subprocess
+    import sys
+
+    from runs_app.tests.engine.test_container_driver import HOSTILE as SCRIPTS
+
+    require_engine()
+    port, accepted = listener
+    canary = tmp_path / "canary.txt"
+    canary.write_text("host secret")
+    marker = f"hostile-{tmp_path.name}"
+    host_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    try:
+        make_task(tmp_path, "escape", HOSTILE_TASK.format(working_dir=working_dir))
+        make_task(tmp_path, "balloon", BALLOON_TASK)
+        import_folder_tasks(tmp_path)
+        (tmp_path / "experiments").mkdir(exist_ok=True)
+        shutil.copy(SCRIPTS / "container_escape.sh", tmp_path / "experiments" / "escape.sh")
+        # The host's image locks, beside the bundles (the agent's own script is mounted from those).
+        other = f"{settings.SANDBOX_ROOT}/images"
+        experiment = make_experiment(
+            tmp_path,
+            HOSTILE.format(
+                marker_head=marker[:8], marker_tail=marker[8:], port=port, canary=canary, other=other
+            ),
+        )
+        worker = container_worker(tmp_path)
+        run = wait_for_run(launch_run(experiment), 180, worker)
+    finally:
+        host_process.kill()
+        purge_container_queues()
+    trials = {
+        t.task_version.task.slug: t
+        for t in Trial.objects.filter(run=run).select_related("task_version__task")
+    }
+    escape, balloon = trials["escape"], trials["balloon"]
+    lines = escape.diff
+    assert escape.status == "passed", (escape.error_message, lines[-3000:])
+    assert (
+        "blocked engine-socket" in lines
+        and "blocked bridge-host" in lines
+        and "blocked other-process" in lines
+    )
+    # Root working in the image writes its own layer (the image is the task's system), nothing else.
+    assert "ESCAPED" not in lines.replace("ESCAPED write-system: /etc/escape", "")
+    assert accepted == []
+    assert balloon.status == "passed" and balloon.budget_exceeded == "memory", (
+        balloon.status,
+        balloon.budget_exceeded,
+    )
