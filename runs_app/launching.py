@@ -80,6 +80,9 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
     config = _frozen_config(experiment, variants, versions, options, seed)
     boxed = sorted({t.task_version.task.slug for t in trials if hosts.runs_in_container(t.config)})
     if boxed:
+        refused = sorted({why for t in trials if (why := hosts.image_refuses_agent(t.config))})
+        if refused:
+            raise LaunchError(refused)
         _ensure_container_workers(boxed)
         config["needs_containers"] = True  # its trials go to container workers (control.trial_queue_of)
     with transaction.atomic():

@@ -3,6 +3,7 @@ whether it runs containers."""
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -60,6 +61,29 @@ def _write_atomically(path: Path, text: str) -> None:
 
 # What `make containers` makes (scripts/containers.sh): task Dockerfiles start FROM these offline.
 BASE_IMAGES = ("evalsite/busybox", "debian:bookworm-slim", "python:3.11-slim-bookworm")
+
+
+# Image families without the GNU C library: the worker's agent CLIs (node, Python, opencode's
+# binary), linked against it, cannot run in them.
+WITHOUT_GLIBC = re.compile(r"(^|/)(busybox|alpine)(:|$)|[-:.]alpine|[-:.]musl")
+# Where a glibc image keeps its loader (x86-64 and arm64).
+GLIBC_LOADERS = ("lib64/ld-linux-x86-64.so.2", "lib/ld-linux-aarch64.so.1")
+
+
+def image_refuses_agent(config: dict) -> str | None:
+    """Why the agent of a container trial cannot run in its named image (launching refuses it),
+    or None. Images built from a Dockerfile are checked by the worker when it starts them."""
+    kind = (config.get("agent") or {}).get("type") or ""
+    info = KINDS.get(kind)
+    image = ((config.get("sandbox") or {}).get("docker") or {}).get("image") or ""
+    if not runs_in_container(config) or info is None or not info.cli or not image:
+        return None
+    if WITHOUT_GLIBC.search(image):
+        return (
+            f"agent kind {kind} runs the worker's {info.cli} CLI, which needs the GNU C library, and "
+            f"image {image} has none (busybox, alpine): use a glibc image (debian, ubuntu, python:*-slim)"
+        )
+    return None
 
 
 def runs_in_container(config: dict) -> bool:

@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from experiments_app.specs import agent_kinds
 from experiments_app.specs.criteria import verifier_rewards
 from experiments_app.specs.docker import AUTO_WORKDIR_FALLBACK, DEFAULT_BUILD_TIMEOUT, image_key
+from runs_app.engine import hosts
 from runs_app.engine.outcome import TrialAborted
 from runs_app.engine.sandbox import DiskCap, Mount, Phase, Sandbox, open_sandbox
 from runs_app.engine.sandbox import docker as container
@@ -90,7 +92,25 @@ def open_container(box: TrialSandbox, root: Path, shared: list[Mount], env: dict
         mount_roots=[TESTS, SOLUTION, LOGS, *(mount.path for mount in box.runtime_mounts)],
     )  # fmt: skip
     sandbox.start()
+    _check_agent_runs(box, sandbox)
     return sandbox
+
+
+def _check_agent_runs(box: TrialSandbox, sandbox: Sandbox) -> None:
+    """An agent CLI of the worker needs the GNU C library in the image: an image without it is
+    the environment's fault, said before the agent's phase, not the agent's error."""
+    kind = agent_kinds.KINDS.get((box.config.get("agent") or {}).get("type") or "")
+    if kind is None or not kind.cli:
+        return
+    assert isinstance(sandbox, container.ContainerSandbox) and sandbox.cgroup is not None
+    image_root = Path(f"/proc/{sandbox.cgroup.init_pid}/root")
+    if not any(os.path.lexists(image_root / loader) for loader in hosts.GLIBC_LOADERS):
+        raise TrialAborted(
+            "environment",
+            f"agent kind {kind.name} runs the worker's {kind.cli} CLI, which needs the GNU C library, and "
+            f"the task's image has none (busybox, alpine): base the image on a glibc one (debian, "
+            "ubuntu, python:*-slim)",
+        )
 
 
 def _task_image(box: TrialSandbox, spec: dict) -> images.TaskImage:

@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 
 from runs_app.engine.sandbox import docker
-from runs_app.launching import launch_run
+from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import CriterionResult, Trial, TrialEvent
 from runs_app.tests.containers import container_worker, purge_container_queues, require_engine
 from runs_app.tests.factories import EXAMPLES, import_folder_tasks, make_experiment, make_task
@@ -266,7 +266,10 @@ sandbox:
 success_criteria:
   - type: run_command
     # Root working in the image may write its own layer (the image is the task's system): no more.
-    command: "tail -n 1 escape.txt | grep -qx done && ! grep ESCAPED escape.txt | grep -vqx 'ESCAPED write-system: /etc/escape'"
+    command: >-
+      tail -n 1 escape.txt | grep -qx done &&
+      ! grep ESCAPED escape.txt | grep -vqx 'ESCAPED write-system: /etc/escape'
+
 """
 
 BALLOON_TASK = """
@@ -290,7 +293,9 @@ variants:
     agent:
       type: command
       script: escape.sh
-      command: "MARKER={marker_head}$(echo {marker_tail}) sh {{script}} {port} {canary} {other} > escape.txt 2>&1; x=$(head -c 300000000 /dev/zero | tr '\\\\0' a) && touch survived.txt"
+      command: >-
+        MARKER={marker_head}$(echo {marker_tail}) sh {{script}} {port} {canary} {other} > escape.txt 2>&1;
+        x=$(head -c 300000000 /dev/zero | tr '\\0' a) && touch survived.txt
 """
 
 
@@ -368,3 +373,86 @@ def test_hostile_agents_in_a_container_get_nothing_through_a_worker(tmp_path, li
         balloon.status,
         balloon.budget_exceeded,
     )
+
+
+SLOW_CONTAINER_TASK = """
+task_id: slow
+initial_prompt: "wait"
+sandbox: {driver: docker, python: null, docker: {image: evalsite/busybox}}
+success_criteria: [{type: file_exists, path: out.txt}]
+"""
+
+
+def test_a_killed_worker_leaves_no_container_once_a_worker_of_its_host_starts(tmp_path):
+    from conftest import wait_for
+
+    require_engine()
+    make_task(tmp_path, "slow", SLOW_CONTAINER_TASK)
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: s\nvariants:\n  - variant_id: a\n    agent: {type: command, command: 'sleep 99'}\n",
+    )
+    doomed = container_worker(tmp_path)
+    try:
+        run = launch_run(experiment)
+        running = wait_for(
+            lambda: {
+                c.name for c in docker.containers() if str(settings.TRIAL_ROOT) in str(c.root) and c.running
+            },
+            timeout=60,
+            message=lambda: doomed.log()[-3000:],
+        )
+        assert Trial.objects.filter(run=run, status="running").exists()
+        doomed.kill()  # SIGKILL to the worker and its children: nothing of it removes the container
+        assert running <= {c.name for c in docker.containers()}  # nothing of the worker removed it
+        successor = container_worker(tmp_path)  # its start sweeps what dead workers of the host left
+        wait_for(
+            lambda: not running & {c.name for c in docker.containers()},
+            timeout=60,
+            message=lambda: f"the reaper to remove {running}; log:\n{successor.log()[-3000:]}",
+        )
+    finally:
+        purge_container_queues()
+
+
+CLI_IN = """
+task_id: {slug}
+initial_prompt: "x"
+sandbox: {{driver: docker, python: null, docker: {docker}}}
+success_criteria: [{{type: file_exists, path: x}}]
+"""
+
+CLAUDE_ONLY = """
+experiment_id: cli
+variants:
+  - variant_id: claude
+    agent: {type: claude-code, model: claude-sonnet-4-6}
+"""
+
+
+def test_an_agent_cli_in_an_image_without_glibc_is_refused_at_launch_or_by_the_worker(tmp_path):
+    from runs_app.launching import LaunchError
+
+    require_engine()
+    make_task(tmp_path, "named", CLI_IN.format(slug="named", docker="{image: evalsite/busybox}"))
+    import_folder_tasks(tmp_path)
+    with pytest.raises(
+        LaunchError, match="agent kind claude-code runs the worker's claude CLI.*evalsite/busybox"
+    ):
+        launch_run(make_experiment(tmp_path, CLAUDE_ONLY))
+
+    # Built FROM busybox: the launch cannot know, the worker says so before the agent's phase.
+    other = tmp_path / "built"
+    make_task(other, "built", CLI_IN.format(slug="built", docker="{dockerfile_path: env/Dockerfile}"),
+              files={"env/Dockerfile": "FROM evalsite/busybox\n"})  # fmt: skip
+    import_folder_tasks(other)
+    worker = container_worker(tmp_path, extra_env={"ANTHROPIC_API_KEY": "sk-test-unused"})
+    try:
+        run = launch_run(make_experiment(other, CLAUDE_ONLY), options=LaunchOptions(task_slugs=["built"]))
+        run = wait_for_run(run, 120, worker)
+    finally:
+        purge_container_queues()
+    trial = Trial.objects.get(run=run)
+    assert (trial.status, trial.error_category) == ("error", "environment")
+    assert "needs the GNU C library" in trial.error_message
