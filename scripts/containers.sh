@@ -69,6 +69,17 @@ install_engine() {
   say "installed Debian's docker.io ($(dpkg-query -W -f '${Version}' docker.io)) in $(since "$started")"
 }
 
+# Debian's docker-registry: the tests share built images through one on loopback, as container
+# hosts do through EVALSITE_IMAGE_REGISTRY. Not started here (a test starts its own).
+install_registry() {
+  if [ -x /usr/bin/docker-registry ]; then
+    return
+  fi
+  can_apt || { say "docker-registry is not installed and cannot be here: the registry test will fail"; return; }
+  apt_install docker-registry || give_up "apt-get install docker-registry failed"
+  say "installed Debian's docker-registry ($(dpkg-query -W -f '${Version}' docker-registry))"
+}
+
 start_engine() {
   local pidfile=/var/run/docker.pid started pid
   if engine_answers; then
@@ -257,6 +268,7 @@ case "${1:-}" in
 "")
   started=$(now)
   install_engine
+  install_registry
   start_engine
   images
   say "done in $(since "$started")"

@@ -30,7 +30,7 @@ from django.conf import settings
 
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.criteria import verifier_rewards
-from experiments_app.specs.docker import AUTO_WORKDIR_FALLBACK, DEFAULT_BUILD_TIMEOUT, image_key
+from experiments_app.specs.docker import AUTO_WORKDIR_FALLBACK, DEFAULT_BUILD_TIMEOUT
 from runs_app.engine import hosts
 from runs_app.engine.outcome import TrialAborted
 from runs_app.engine.sandbox import DiskCap, Mount, Phase, Sandbox, open_sandbox
@@ -128,7 +128,7 @@ def _task_image(box: TrialSandbox, spec: dict) -> images.TaskImage:
             )
         context = dockerfile.parent
         options = spec.get("build") or {}
-        key = image_key(images.context_files(context), dockerfile.name, options)
+        key = images.image_key_for(context, dockerfile.name, options)
         build.command = f"docker build --tag {images.TASK_REPOSITORY}:{key} {spec['dockerfile_path']}"
         secrets = {name: os.environ[name] for name in settings.BUILD_SECRET_NAMES if name in os.environ}
         return images.built_image(

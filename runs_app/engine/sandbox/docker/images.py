@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments_app.specs.docker import image_key
 from runs_app.engine.sandbox.base import SandboxError
 from runs_app.engine.sandbox.docker import command
 
@@ -239,6 +240,11 @@ def _push(remote: str, reference: str, log: Callable[[str], None]) -> None:
         log(f"pushing {remote} failed, other hosts will build it: {str(exc)[-300:]}")
         return
     log(f"pushed {remote}")
+
+
+def image_key_for(context: Path, dockerfile: str, build: Mapping) -> str:
+    """The key of a Dockerfile's image: its build context's files and the build settings."""
+    return image_key(context_files(context), dockerfile, build)
 
 
 def context_files(context: Path) -> dict[str, bytes]:

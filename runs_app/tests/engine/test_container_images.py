@@ -1,0 +1,99 @@
+"""A task's image: built once per host and cached by its build context's digest; with a
+registry (EVALSITE_IMAGE_REGISTRY), built once, pushed, and pulled by the other hosts."""
+
+import socket
+import subprocess
+import time
+
+import pytest
+
+from runs_app.engine.sandbox.docker import command, images
+from runs_app.tests.containers import require_engine
+
+DOCKERFILE = "FROM evalsite/busybox\nRUN echo {marker} > /marker\n"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """Debian's docker-registry on loopback (the engine treats 127.0.0.0/8 as a plain-HTTP registry)."""
+    require_engine()
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'store'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    server = subprocess.Popen(
+        ["/usr/bin/docker-registry", "serve", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    server.kill()
+    server.wait()
+
+
+def context(folder, marker):
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(DOCKERFILE.format(marker=marker))
+    return folder
+
+
+def forget(reference: str) -> None:
+    subprocess.run([command.docker_binary(), "rmi", "--force", reference], capture_output=True)
+
+
+def test_an_image_is_built_once_then_found_and_another_host_pulls_it(tmp_path, registry):
+    marker = tmp_path.name
+    folder = context(tmp_path / "env", marker)
+    key = images.image_key_for(folder, "Dockerfile", {})
+    reference = f"{images.TASK_REPOSITORY}:{key}"
+    forget(reference)
+    forget(f"{registry}/{reference}")
+    lines: list[str] = []
+    try:
+        locks = tmp_path / "locks"
+        first = images.built_image(
+            key, folder, "Dockerfile", {}, lock_dir=locks, log=lines.append, registry=registry
+        )
+        again = images.built_image(
+            key, folder, "Dockerfile", {}, lock_dir=locks, log=lines.append, registry=registry
+        )
+        assert (first.built, again.built, again.pulled) == (True, False, False)
+        assert first.digest == again.digest and first.digest.startswith("sha256:")
+        assert any(line.startswith(f"pushed {registry}/") for line in lines)
+
+        # Another host: it holds nothing of the image, and pulls what the first pushed.
+        forget(reference)
+        forget(f"{registry}/{reference}")
+        elsewhere = images.built_image(key, folder, "Dockerfile", {}, lock_dir=tmp_path / "locks2",
+                                       log=lines.append, registry=registry)  # fmt: skip
+        assert (elsewhere.built, elsewhere.pulled) == (False, True)
+        assert elsewhere.digest == first.digest
+    finally:
+        forget(reference)
+        forget(f"{registry}/{reference}")
+
+
+def test_a_changed_build_context_is_another_image(tmp_path):
+    require_engine()
+    one = context(tmp_path / "one", "a")
+    two = context(tmp_path / "two", "b")
+    assert images.image_key_for(one, "Dockerfile", {}) != images.image_key_for(two, "Dockerfile", {})
+    assert images.image_key_for(one, "Dockerfile", {}) != images.image_key_for(
+        one, "Dockerfile", {"args": {"X": "1"}}
+    )
+    assert images.image_key_for(one, "Dockerfile", {}) == images.image_key_for(one, "Dockerfile", {})
