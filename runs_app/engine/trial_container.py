@@ -64,7 +64,7 @@ def open_container(box: TrialSandbox, root: Path, shared: list[Mount], env: dict
     folder, caps and mount roots."""
     spec = (box.config.get("sandbox") or {}).get("docker") or {}
     box.image = _task_image(box, spec)
-    found = container.image_config(box.image.reference)
+    found = box.image.config or container.image_config(box.image.reference)
     working_dir = spec.get("working_dir")
     if working_dir == "auto":
         working_dir = found.workdir if found.workdir not in ("", "/") else AUTO_WORKDIR_FALLBACK

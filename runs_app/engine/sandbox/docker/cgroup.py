@@ -32,6 +32,22 @@ def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
     return v1, v2
 
 
+def init_pid_of(container_id: str) -> int | None:
+    """The host pid of a just-started container's PID 1, read from its cgroup (the engine's
+    cgroupfs or systemd layout, v1 or v2) instead of asking the engine; None when the layout
+    is another or the cgroup holds more than one process (the caller asks the engine then)."""
+    v1, v2 = _cgroup_mounts()
+    bases = [base for base in (v1.get("pids"), v2) if base is not None]
+    for base in bases:
+        for relative in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"):
+            try:
+                procs = (base / relative / "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            return int(procs[0]) if len(procs) == 1 else None
+    return None
+
+
 class ContainerCgroup:
     """The cgroups of the container whose PID 1 is `init_pid` (a host pid)."""
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from experiments_app.specs.docker import image_key
 from runs_app.engine.sandbox.base import SandboxError
-from runs_app.engine.sandbox.docker import command
+from runs_app.engine.sandbox.docker import ImageConfig, command, image_config
 
 TASK_REPOSITORY = "evalsite/task"  # built images: evalsite/task:<image key>
 DEFAULT_BUILD_TIMEOUT = 600
@@ -52,28 +52,36 @@ class TaskImage:
     digest: str
     built: bool = False
     pulled: bool = False
+    config: ImageConfig | None = None  # what the image says of itself (its USER, WORKDIR, ENV)
 
 
-def image_id(reference: str) -> str | None:
-    """The engine's id of a local image (`sha256:...`), or None when this host does not hold it."""
+def held(reference: str) -> ImageConfig | None:
+    """A local image's configuration and id (one call to the engine), or None when this host
+    does not hold it."""
     try:
-        return command.call(["image", "inspect", "--format", "{{.Id}}", reference]).decode().strip()
+        return image_config(reference)
     except SandboxError as exc:
-        if "No such image" in str(exc) or "no such image" in str(exc).lower():
+        if "no such image" in str(exc).lower():
             return None
         raise
 
 
+def image_id(reference: str) -> str | None:
+    """The engine's id of a local image (`sha256:...`), or None when this host does not hold it."""
+    found = held(reference)
+    return found.id if found is not None else None
+
+
 def named_image(reference: str) -> TaskImage:
     """A task's `sandbox.docker.image`: it must be on this host already (nothing is pulled)."""
-    found = image_id(reference)
+    found = held(reference)
     if found is None:
         raise ImageError(
             f"image {reference!r} is not on this worker and evalsite pulls nothing from a public "
             "registry: load it on every container host (`docker load -i image.tar`, or `docker pull` "
             "where a registry is reachable), or give the task a Dockerfile (sandbox.docker.dockerfile_path)"
         )
-    return TaskImage(reference, found)
+    return TaskImage(reference, found.id, config=found)
 
 
 def built_image(
@@ -96,21 +104,21 @@ def built_image(
     `sandbox.docker.build`; `secrets_env` the worker's variables its secrets may read."""
     reference = f"{TASK_REPOSITORY}:{key}"
     with _key_lock(lock_dir, key):
-        found = image_id(reference)
+        found = held(reference)
         if found is not None:
-            return TaskImage(reference, found)
+            return TaskImage(reference, found.id, config=found)
         if registry and _pulled(f"{registry}/{reference}", reference, log):
-            found = image_id(reference)
+            found = held(reference)
             if found is not None:
-                return TaskImage(reference, found, pulled=True)
+                return TaskImage(reference, found.id, pulled=True, config=found)
         args, env = build_args(reference, context, dockerfile, build, secrets_env or {}, network)
         _build(reference, context, dockerfile, args, env, log, timeout, should_stop)
-        found = image_id(reference)
+        found = held(reference)
         if found is None:
             raise ImageError(f"the build said it made {reference}, and the engine does not hold it")
         if registry:
             _push(f"{registry}/{reference}", reference, log)
-        return TaskImage(reference, found, built=True)
+        return TaskImage(reference, found.id, built=True, config=found)
 
 
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
@@ -244,7 +252,7 @@ def _push(remote: str, reference: str, log: Callable[[str], None]) -> None:
 
 def image_key_for(context: Path, dockerfile: str, build: Mapping) -> str:
     """The key of a Dockerfile's image: its build context's files and the build settings."""
-    return image_key(context_files(context), dockerfile, build)
+    return image_key(context_files(context), dockerfile, dict(build))
 
 
 def context_files(context: Path) -> dict[str, bytes]:
