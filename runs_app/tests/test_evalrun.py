@@ -293,27 +293,26 @@ def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
 HARBOR = settings.BASE_DIR / "examples" / "harbor"
 
 
-def test_it_takes_a_harbor_task_folder_like_a_task_file():
-    """Up to the launch: the worker's container driver is pending, and until it lands launching
-    refuses container tasks (`runs_app/launching.py`). Once they launch, the else branch holds."""
-    import io
+def test_it_runs_a_harbor_task_folder_like_a_task_file(tmp_path):
+    """`evalrun <harbor-folder> -T oracle|none` through a real container worker: the solution
+    passes (exit 0), doing nothing fails (exit 1)."""
+    from runs_app.tests.containers import container_worker, purge_container_queues, require_engine
 
-    from django.core.management import call_command
-    from django.core.management.base import CommandError
-
-    out = io.StringIO()
+    require_engine()
+    worker = container_worker(tmp_path)
     try:
-        call_command("evalrun", str(HARBOR / "hello-world"), "-T", "oracle", "--no-wait", stdout=out)
-    except CommandError as exc:  # pending: container tasks refused at launch
-        assert exc.returncode == 2
-        assert str(exc).startswith("cannot start the run") and "hello-world × oracle" in str(exc)
-        assert "docker" in str(exc)
-        assert not Run.objects.exists()
-    else:
-        trial = Trial.objects.get()
-        assert trial.config["sandbox"]["driver"] == "docker" and trial.config["agent"]["type"] == "oracle"
-        assert trial.config["success_criteria"][0]["type"] == "verifier"
-    assert "tasks: 1 created" in out.getvalue()
+        solved = evalrun(HARBOR / "hello-world", "-T", "oracle")
+        idle = evalrun(HARBOR / "hello-world", "-T", "none")
+    finally:
+        purge_container_queues()
+    assert solved.returncode == 0, solved.stdout + solved.stderr + worker.log()[-3000:]
+    assert "tasks: 1 created" in solved.stdout and "1 passed" in solved.stdout
+    assert idle.returncode == 1, idle.stdout + idle.stderr
+    trials = Trial.objects.order_by("pk")
+    assert [t.status for t in trials] == ["passed", "failed"]
+    assert trials[0].config["sandbox"]["driver"] == "docker" and trials[0].config["agent"]["type"] == "oracle"
+    assert trials[0].config["success_criteria"][0]["type"] == "verifier"
+    assert trials[0].image_digest.startswith("sha256:")
     task = Task.objects.get()
     assert task.slug == "hello-world" and task.current_version().yaml_path == "task.toml"
 
