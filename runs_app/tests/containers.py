@@ -11,7 +11,6 @@ from django.conf import settings
 from kombu.exceptions import ChannelError
 
 from evalsite.versioning import code_version, worker_queues
-from experiments_app.specs import unbuilt
 from runs_app.engine import hosts
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
 from runs_app.tests.workers import SLOW_AGENT, SMALL_TASK
@@ -25,17 +24,6 @@ success_criteria:
   - type: file_exists
     path: out.txt
 """
-
-_CONTAINER_KEYS = {("sandbox", "docker"), ("sandbox", "driver"), ("driver",)}
-
-
-def allow_container_tasks(monkeypatch) -> None:
-    """Let task specs name sandbox.driver: docker, which experiments_app.specs still refuses (until
-    the container driver lands; then this changes nothing)."""
-    refused = unbuilt.unbuilt_features
-    monkeypatch.setattr(
-        unbuilt, "unbuilt_features", lambda data: [f for f in refused(data) if f[0] not in _CONTAINER_KEYS]
-    )
 
 
 def container_suite(folder: Path, boxed: int, plain: int = 0, repeats: int = 1):

@@ -12,7 +12,6 @@ from runs_app import control
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Worker
 from runs_app.tests.containers import (
-    allow_container_tasks,
     container_suite,
     purge_container_queues,
     queue_size,
@@ -21,11 +20,6 @@ from runs_app.web.workers import worker_health
 
 ENGINE = {"containers": True, "engine": "docker 20.10.24+dfsg1", "images": [], "missing": []}
 HIDDEN = {"containers": False, "reason": "EVALSITE_CONTAINER_ENGINE=none: this host takes no containers"}
-
-
-@pytest.fixture(autouse=True)
-def _container_tasks(monkeypatch):
-    allow_container_tasks(monkeypatch)
 
 
 def reporting(name: str, host: str, capabilities: dict, ago: timedelta = timedelta(0)) -> Worker:

@@ -13,7 +13,6 @@ from conftest import WorkerProcess, purge_broker, wait_for
 from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial, Worker
 from runs_app.tests.containers import (
-    allow_container_tasks,
     container_suite,
     purge_container_queues,
     require_engine,
@@ -26,7 +25,6 @@ def test_only_a_worker_whose_host_runs_containers_says_so_and_takes_container_tr
     tmp_path, monkeypatch, member_client
 ):
     engine = require_engine()
-    allow_container_tasks(monkeypatch)
     # As the first trial on a host leaves it (a fresh checkout's test root is made 0700 otherwise).
     Path(settings.SANDBOX_ROOT).mkdir(exist_ok=True)
     os.chmod(settings.SANDBOX_ROOT, 0o711)
