@@ -4,6 +4,7 @@ sent whole to the container copy of their queue, which only such workers consume
 from datetime import timedelta
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from conftest import purge_broker
@@ -115,7 +116,7 @@ def test_dispatch_puts_container_trials_on_the_container_queue_only(tmp_path):
 
 
 @pytest.mark.django_db
-def test_the_run_page_says_no_live_worker_runs_containers_rather_than_another_version(tmp_path):
+def test_the_run_page_says_no_live_worker_runs_containers_rather_than_another_version(tmp_path, member_client):
     reporting("w1@host-c", "host-c", ENGINE)
     run = launch_run(container_suite(tmp_path, boxed=1))
     Worker.objects.filter(hostname="host-c").update(capabilities=HIDDEN)
@@ -123,6 +124,8 @@ def test_the_run_page_says_no_live_worker_runs_containers_rather_than_another_ve
     health = worker_health(run, timezone.now())
 
     assert health["no_containers"] and not health["other_version"] and not health["none"]
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "no live worker runs containers: its trials wait for one" in page
     Worker.objects.filter(hostname="host-c").update(capabilities=ENGINE, code_version="0ld")
     health = worker_health(run, timezone.now())
     assert health["other_version"] and not health["no_containers"]
