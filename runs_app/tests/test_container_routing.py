@@ -116,7 +116,9 @@ def test_dispatch_puts_container_trials_on_the_container_queue_only(tmp_path):
 
 
 @pytest.mark.django_db
-def test_the_run_page_says_no_live_worker_runs_containers_rather_than_another_version(tmp_path, member_client):
+def test_the_run_page_says_no_live_worker_runs_containers_rather_than_another_version(
+    tmp_path, member_client
+):
     reporting("w1@host-c", "host-c", ENGINE)
     run = launch_run(container_suite(tmp_path, boxed=1))
     Worker.objects.filter(hostname="host-c").update(capabilities=HIDDEN)

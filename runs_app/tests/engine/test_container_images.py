@@ -1,6 +1,7 @@
 """A task's image: built once per host and cached by its build context's digest; with a
 registry (EVALSITE_IMAGE_REGISTRY), built once, pushed, and pulled by the other hosts."""
 
+import hashlib
 import socket
 import subprocess
 import time
@@ -97,3 +98,47 @@ def test_a_changed_build_context_is_another_image(tmp_path):
         one, "Dockerfile", {"args": {"X": "1"}}
     )
     assert images.image_key_for(one, "Dockerfile", {}) == images.image_key_for(one, "Dockerfile", {})
+
+
+def test_a_build_secret_reaches_the_build_only_from_a_variable_the_worker_allows(tmp_path):
+    require_engine()
+    folder = tmp_path / "env"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(
+        # The build checks the secret's digest, so that its own text names only the digest.
+        "FROM evalsite/busybox\nRUN --mount=type=secret,id=tok "
+        f'test "$(md5sum < /run/secrets/tok | cut -c1-32)" = {hashlib.md5(b"s3cr3t").hexdigest()}\n'
+    )
+    build = {"secrets": ["id=tok,env=BUILD_TOKEN"]}
+    key = images.image_key_for(folder, "Dockerfile", build)
+    with pytest.raises(images.ImageError, match="BUILD_TOKEN, which this worker does not hand to builds"):
+        images.built_image(key, folder, "Dockerfile", build, lock_dir=tmp_path, log=print, secrets_env={})
+    try:
+        made = images.built_image(
+            key,
+            folder,
+            "Dockerfile",
+            build,
+            lock_dir=tmp_path,
+            log=print,
+            secrets_env={"BUILD_TOKEN": "s3cr3t"},
+        )
+        assert made.built
+        # The secret is in no layer of the image.
+        history = subprocess.run(
+            [command.docker_binary(), "history", "--no-trunc", made.reference], capture_output=True, text=True
+        )
+        assert "s3cr3t" not in history.stdout
+    finally:
+        forget(f"{images.TASK_REPOSITORY}:{key}")
+
+
+def test_build_args_and_target_reach_docker_build_and_other_flags_never_do(tmp_path):
+    args, env = images.build_args(
+        "evalsite/task:k", tmp_path, "Dockerfile", {"args": {"A": "1"}, "extra_args": ["--target", "app"]}, {}
+    )
+    assert args[:5] == ["build", "--tag", "evalsite/task:k", "--file", str(tmp_path / "Dockerfile")]
+    assert ["--build-arg", "A=1"] == args[args.index("--build-arg") : args.index("--build-arg") + 2]
+    assert ["--target", "app"] == args[args.index("--target") : args.index("--target") + 2]
+    assert ["--network", "none"] == args[args.index("--network") : args.index("--network") + 2]
+    assert env["DOCKER_BUILDKIT"] == "0" and args[-1] == str(tmp_path)
