@@ -138,7 +138,7 @@ def test_build_args_and_target_reach_docker_build_and_other_flags_never_do(tmp_p
         "evalsite/task:k", tmp_path, "Dockerfile", {"args": {"A": "1"}, "extra_args": ["--target", "app"]}, {}
     )
     assert args[:5] == ["build", "--tag", "evalsite/task:k", "--file", str(tmp_path / "Dockerfile")]
-    assert ["--build-arg", "A=1"] == args[args.index("--build-arg") : args.index("--build-arg") + 2]
-    assert ["--target", "app"] == args[args.index("--target") : args.index("--target") + 2]
-    assert ["--network", "none"] == args[args.index("--network") : args.index("--network") + 2]
+    assert args[args.index("--build-arg") : args.index("--build-arg") + 2] == ["--build-arg", "A=1"]
+    assert args[args.index("--target") : args.index("--target") + 2] == ["--target", "app"]
+    assert args[args.index("--network") : args.index("--network") + 2] == ["--network", "none"]
     assert env["DOCKER_BUILDKIT"] == "0" and args[-1] == str(tmp_path)
