@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from evalsite import filesystem_broker
-from evalsite.versioning import code_version, host_queue, trial_queue
+from evalsite.versioning import SHARED_QUEUE, code_version, worker_queues
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -381,14 +381,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Every worker takes the shared queue (dispatch, heartbeats, trials of runs that accept any code
 # version) and its own code version's queue: a run's trials go to the queue of the version it was
 # launched on, so a rolling upgrade never mixes two versions' results in one run.
-CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_DEFAULT_QUEUE = SHARED_QUEUE
 # A run with suite hooks sends its trials to the host that set the suite up: each worker also
-# takes its host's copies of both queues.
-CELERY_TASK_QUEUES = {
-    name: {}
-    for queue in ("celery", trial_queue(code_version()))
-    for name in (queue, host_queue(queue, WORKER_HOST))
-}
+# takes its host's copies of both queues. A worker whose host runs containers adds the container
+# copies of them all when it starts (runs_app.tasks).
+CELERY_TASK_QUEUES = {name: {} for name in worker_queues(code_version(), WORKER_HOST)}
 CELERY_TIMEZONE = TIME_ZONE
 
 # --- evalsite ----------------------------------------------------------------
@@ -429,6 +426,25 @@ FAIL_FAST_AFTER = env_int("FAIL_FAST_AFTER", 5, minimum=0)
 # A worker process reports every WORKER_HEARTBEAT_SECONDS; the run page says no worker is there
 # after three missed reports.
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 10, minimum=1)
+# Whether this host's workers take container trials (sandbox.driver: docker): "docker", the engine
+# `make containers` installs and starts (a worker takes them only if it answers when the worker
+# starts), or "none".
+CONTAINER_ENGINE = env_str("EVALSITE_CONTAINER_ENGINE", "docker")
+if CONTAINER_ENGINE not in ("docker", "none"):
+    raise ImproperlyConfigured(f"EVALSITE_CONTAINER_ENGINE={CONTAINER_ENGINE!r}: use docker or none")
+# The engine's client: Debian's, never the first `docker` on PATH (a preinstalled one may lack the
+# buildx plugin that BuildKit builds need).
+DOCKER_CLI = env_str("EVALSITE_DOCKER", "/usr/bin/docker")
+# A registry (host:port[/path]) container hosts share: a task's image is built once, pushed there,
+# and pulled by the other hosts. Empty: each host builds the images it runs.
+IMAGE_REGISTRY = env_str("EVALSITE_IMAGE_REGISTRY", "").rstrip("/")
+# What the RUN steps of a task's Dockerfile reach: "none" by default (the engine's bridge reaches
+# the host's own services); "default" lets builds download packages.
+BUILD_NETWORK = env_str("EVALSITE_BUILD_NETWORK", "none")
+if BUILD_NETWORK not in ("none", "default"):
+    raise ImproperlyConfigured(f"EVALSITE_BUILD_NETWORK={BUILD_NETWORK!r}: use none or default")
+# Worker variables a task's build secrets (`sandbox.docker.build.secrets: [id=X,env=NAME]`) may read.
+BUILD_SECRET_NAMES = env_list("EVALSITE_BUILD_SECRETS", [])
 # Worker environment variables an agent may receive (by naming them in its config). Nothing
 # else leaves the worker's environment: not SECRET_KEY, not DATABASE_URL.
 AGENT_SECRET_NAMES = env_list(

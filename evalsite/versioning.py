@@ -31,6 +31,10 @@ def code_version() -> str:
     return digest.hexdigest()[:12]
 
 
+# The queue every worker takes: dispatch, heartbeats, trials of runs that accept any code version.
+SHARED_QUEUE = "celery"
+
+
 def trial_queue(version: str) -> str:
     """The broker queue of the trials of runs recorded with this code version."""
     return f"trials-{version}"
@@ -39,3 +43,18 @@ def trial_queue(version: str) -> str:
 def host_queue(queue: str, host: str) -> str:
     """`queue` for the workers of one host only (a run whose suite hooks set up on that host)."""
     return f"{queue}@{re.sub(r'[^A-Za-z0-9._-]', '_', host)}"
+
+
+def container_queue(queue: str) -> str:
+    """`queue` for the workers whose host runs containers (the trials of runs with container tasks)."""
+    return f"{queue}.containers"
+
+
+def worker_queues(version: str, host: str, containers: bool = False) -> list[str]:
+    """The queues a worker of this code version on this host consumes: the shared queue and its
+    version's, each also for its host only (a run whose suite is set up there); with
+    `containers` (its host's engine answered when it started) their container copies too."""
+    queues = [SHARED_QUEUE, trial_queue(version)]
+    if containers:
+        queues += [container_queue(queue) for queue in queues]
+    return [name for queue in queues for name in (queue, host_queue(queue, host))]

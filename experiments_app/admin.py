@@ -50,7 +50,10 @@ class ChooseSetForm(forms.Form):
 
 
 class UploadForm(forms.Form):
-    file = forms.FileField(help_text="A task YAML file, or a .zip of a task folder (or a whole suite)")
+    file = forms.FileField(
+        help_text="A task YAML file, or a .zip of a task folder (or a whole suite): coder-eval YAML tasks "
+        "and Harbor task folders (task.toml, instruction.md, ...)"
+    )
     task_set = forms.SlugField(required=False, help_text="Also add the imported tasks to this set")
 
 

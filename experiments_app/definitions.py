@@ -496,19 +496,27 @@ MAX_ZIP_MEMBERS = 10_000
 
 
 def import_upload(upload, task_set: str | None):
-    """Unpack an uploaded YAML or zip into a private folder and import it as one root."""
+    """Unpack an uploaded YAML or zip into a private folder and import it as one root. A zip may
+    hold task YAMLs and Harbor task folders; one whose top holds task.toml is one Harbor task,
+    named (as its folder would be) by the zip's name."""
     max_bytes = settings.TASK_BUNDLE_MAX_BYTES * 10
     if upload.size > max_bytes:
         raise ImportFailed([f"{upload.name}: the upload is larger than {max_bytes} bytes"])
     with tempfile.TemporaryDirectory(prefix="evalsite-upload-") as tmp:
-        root = Path(tmp)
+        root = Path(tmp, "upload")
+        root.mkdir()
         name = Path(upload.name).name
         if name.endswith(".zip"):
             _unzip(upload, root, name, max_bytes)
+            if (root / "task.toml").is_file():
+                Path(tmp, "harbor").mkdir()
+                root = root.rename(Path(tmp, "harbor", name.removesuffix(".zip"))).parent
         elif name.endswith((".yaml", ".yml")):
             (root / name).write_bytes(upload.read())
         else:
-            raise ImportFailed([f"{name}: expected a .yaml/.yml task file or a .zip of a task folder"])
+            raise ImportFailed(
+                [f"{name}: expected a .yaml/.yml task file, or a .zip of task folders (YAML or Harbor)"]
+            )
         try:
             return import_tasks([root], root=root, task_set=task_set)
         except ImportFailed as exc:

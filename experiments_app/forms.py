@@ -706,7 +706,10 @@ class TaskSetMembersForm(forms.Form):
 
 
 class TaskUploadForm(forms.Form):
-    file = forms.FileField(help_text="A task YAML file, or a .zip of a task folder (or a whole suite)")
+    file = forms.FileField(
+        help_text="A task YAML file, or a .zip of a task folder (or a whole suite): coder-eval YAML tasks "
+        "and Harbor task folders (task.toml, instruction.md, ...)"
+    )
 
 
 class TaskFilterForm(forms.Form):

@@ -246,7 +246,7 @@ def taskset_upload(request: HttpRequest, name: str) -> HttpResponse:
     task_set = get_object_or_404(TaskSet, name=name)
     form = ef.TaskUploadForm(request.POST, request.FILES)
     if not form.is_valid():
-        messages.error(request, "Choose a task YAML file or a .zip to upload.")
+        messages.error(request, "Choose a task YAML file, or a .zip of YAML tasks or Harbor task folders.")
         return redirect("taskset_detail", name=task_set.name)
     try:
         report = definitions.import_upload(form.cleaned_data["file"], task_set.name)

@@ -24,7 +24,7 @@ from django.db.models import Count, F
 from django.db.models.functions import Substr
 from django.utils import timezone
 
-from evalsite.versioning import host_queue, trial_queue
+from evalsite.versioning import container_queue, host_queue, trial_queue, worker_queues
 from runs_app import live, written
 from runs_app.analysis import rollup
 from runs_app.analysis.load import run_facts
@@ -117,7 +117,7 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
             Trial, {"dispatched_at": timezone.now()}, f"id IN ({', '.join(['%s'] * len(ids))})", ids
         )
     reserved = ids.pop(0) if reserve and ids else None
-    queue = trial_queue_of(run)
+    queue = trial_queue_of(run) if ids else None  # a container run's costs a query: only when sending
     for trial_id in ids:
         transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,), queue=queue))
     return reserved
@@ -134,21 +134,40 @@ def live_workers(now=None):
 
 def may_take(run: Run, worker: Worker) -> bool:
     """Whether this worker receives the run's trials: it consumes the shared queue and its own
-    code version's, each also for its own host."""
-    queues = (settings.CELERY_TASK_DEFAULT_QUEUE, trial_queue(worker.code_version))
-    return trial_queue_of(run) in (*queues, *(host_queue(queue, worker.hostname) for queue in queues))
+    code version's, each also for its own host, and their container copies if it runs containers."""
+    containers = bool((worker.capabilities or {}).get("containers"))
+    return trial_queue_of(run) in worker_queues(worker.code_version, worker.hostname, containers)
+
+
+def container_workers(now=None):
+    """The live workers that take container trials."""
+    return live_workers(now).filter(capabilities__containers=True)
 
 
 def trial_queue_of(run: Run) -> str:
     """Where a run's trials are sent: the queue of its code version's workers, or the shared
-    queue for a run that accepts any version (and for runs recorded before versions were); only
-    the suite's host's workers', once a suite is set up there."""
+    queue for a run that accepts any version (and for runs recorded before versions were); its
+    container copy, which only workers that run containers take, for a run with container tasks;
+    only the suite's host's workers', once a suite is set up there.
+
+    A run with any container task goes to container workers whole: its suite and its trials
+    share one host, and those workers run the namespace-sandbox trials as well."""
     queue = trial_queue(run.code_version)
     if run.any_code_version or not run.code_version:
         queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    if needs_containers(run):
+        queue = container_queue(queue)
     if run.suite_status == Run.Suite.READY and run.suite_host:
         return host_queue(queue, run.suite_host)
     return queue
+
+
+def needs_containers(run: Run) -> bool:
+    """Whether a run has container tasks: its launch froze `needs_containers` in its config
+    (read alone when the config was left unloaded, as dispatch leaves it)."""
+    if "config" in run.get_deferred_fields():
+        return Run.objects.filter(pk=run.pk, config__needs_containers=True).exists()
+    return bool((run.config or {}).get("needs_containers"))
 
 
 def hold_suite(run_id: int, worker: str) -> bool:

@@ -34,7 +34,7 @@ from runs_app import control
 from runs_app.analysis import rollup
 from runs_app.analysis.load import load
 from runs_app.analysis.stats import planning
-from runs_app.engine import suite_hooks
+from runs_app.engine import hosts, suite_hooks
 from runs_app.models import Run, Trial
 
 ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
@@ -78,6 +78,13 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
         )  # fmt: skip
     versions, variants, trials = _resolved_trials(experiment, options, seed)
     config = _frozen_config(experiment, variants, versions, options, seed)
+    boxed = sorted({t.task_version.task.slug for t in trials if hosts.runs_in_container(t.config)})
+    if boxed:
+        refused = sorted({why for t in trials if (why := hosts.image_refuses_agent(t.config))})
+        if refused:
+            raise LaunchError(refused)
+        _ensure_container_workers(boxed)
+        config["needs_containers"] = True  # its trials go to container workers (control.trial_queue_of)
     with transaction.atomic():
         run = Run.objects.create(
             experiment=experiment,
@@ -100,6 +107,28 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
         rollup.recount(run)
         transaction.on_commit(partial(control.enqueue_dispatch, run.pk))
     return run
+
+
+def _ensure_container_workers(tasks: list[str]) -> None:
+    """A run with container tasks starts only if a live worker runs containers: else its trials
+    would wait for one (a container task never runs on the host). The LaunchError says why each
+    live host cannot, and what to do."""
+    if control.container_workers().exists():
+        return
+    named = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
+    reasons = {
+        worker.hostname or worker.name: (worker.capabilities or {}).get("reason") or "it has not said"
+        for worker in control.live_workers().order_by("hostname", "name")
+    }
+    if reasons:
+        why = "no live worker runs containers (" + "; ".join(f"{h}: {r}" for h, r in reasons.items()) + ")"
+    else:
+        why = "no worker is alive"
+    raise LaunchError(
+        [f"{named} run in a container (sandbox.driver: docker) and {why}: start the container "
+         "engine on a worker host (make containers) and restart its worker (docs/deploy.md, "
+         "adding a container host), or leave these tasks out of the run"]
+    )  # fmt: skip
 
 
 def _resolved_trials(
@@ -224,13 +253,6 @@ def _trials_for(
     layers = trial_layers(_task_layer(version), experiment.defaults, variant.layer(), overrides)
     resolved = resolve(layers)
     config = resolved.config
-    if (config.get("sandbox") or {}).get("driver") == "docker":
-        # Never on the host: a task written for a container expects that container's isolation.
-        raise ValueError(
-            "sandbox.driver: docker asks for a container, and evalsite's workers run no container "
-            "runtime: such tasks are never run on the host. Use driver: tempdir (the namespace "
-            "sandbox), or leave this task out of the run"
-        )
     repeats = options.repeats or overrides.get("repeats") or variant.effective_repeats()
     rows = _dataset_rows(version, options, seed)
     if so_far + repeats * len(rows) > settings.MAX_TRIALS_PER_RUN:

@@ -243,6 +243,9 @@ class Trial(models.Model):
     # What the agent changed of the task's protected paths (`integrity.protected`), with the diff;
     # "" when it changed none. A tampered trial fails.
     tampered = models.TextField(blank=True)
+    # A container trial's image as its worker's engine names it (`sha256:...`): what the
+    # environment was, for provenance and for telling runs apart. "" outside containers.
+    image_digest = models.CharField(max_length=100, blank=True)
     budget_exceeded = models.CharField(
         max_length=30,
         blank=True,
@@ -452,13 +455,17 @@ class ApiToken(models.Model):
 
 class Worker(models.Model):
     """A Celery worker process, as it last reported itself (the workers page, the run page's
-    banner): its host, how many trials it runs at once, its code and agent CLI versions."""
+    banner): its host, how many trials it runs at once, its code and agent CLI versions, and
+    whether it takes container trials."""
 
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=200, blank=True)
     slots = models.PositiveIntegerField(default=0)
     code_version = models.CharField(max_length=64, blank=True)
     agent_versions = models.JSONField(default=dict, blank=True)
+    # {"containers": true, "engine": "docker 20.10.24", "images": [...], "missing": [...]} or
+    # {"containers": false, "reason": "..."} (engine.hosts.container_engine).
+    capabilities = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
 

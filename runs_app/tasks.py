@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import celeryd_after_setup, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from evalsite.versioning import code_version
+from evalsite.versioning import code_version, worker_queues
 from runs_app import control
 from runs_app.engine import hosts, trial_sandbox
 from runs_app.models import Worker
@@ -51,12 +51,31 @@ def record_heartbeat(name: str) -> None:
     Worker.objects.update_or_create(name=name, defaults={"last_seen_at": timezone.now()})
 
 
+# The host's container engine as this worker found it when it started (it then chose its queues).
+_engine_at_start: dict = {"containers": False, "reason": "the worker has not looked for an engine yet"}
+
+
+@celeryd_after_setup.connect
+def _take_container_trials(sender, instance, **kwargs) -> None:
+    """A worker whose host's engine answers when it starts also consumes the container copies of
+    its queues, where the trials of runs with container tasks go (`control.trial_queue_of`). Its
+    queues are fixed from then on: an engine started later needs the worker restarted."""
+    global _engine_at_start
+    _engine_at_start = hosts.container_engine(settings.CONTAINER_ENGINE, settings.DOCKER_CLI)
+    if _engine_at_start["containers"]:
+        for name in worker_queues(code_version(), settings.WORKER_HOST, containers=True):
+            instance.app.amqp.queues.select_add(name)
+    else:
+        logger.info("this worker takes no container trials: %s", _engine_at_start["reason"])
+
+
 @worker_ready.connect
 def _reap_at_start(sender, **kwargs) -> None:
     """A worker that starts after a crash recovers the dead worker's trials without waiting for
     beat, and removes the sandbox folders they left on this host. Then it reports itself (host,
-    slots, code and agent versions) every WORKER_HEARTBEAT_SECONDS, from its main process (the
-    workers page, the run page's worker banner)."""
+    slots, code and agent versions, whether it runs containers) every WORKER_HEARTBEAT_SECONDS,
+    from its main process (the workers page, the run page's worker banner, launches of container
+    tasks)."""
     trial_sandbox.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
@@ -72,10 +91,13 @@ SWEEP_EVERY_BEATS = 6
 def _beat(name: str, slots: int) -> None:
     started = timezone.now()
     versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
+    found = _engine_at_start
     beats = 0
     while True:
         beats += 1
         if beats % SWEEP_EVERY_BEATS == 0:
+            # An engine that stopped (or whose images went) is said within a minute.
+            found = hosts.container_engine(settings.CONTAINER_ENGINE, settings.DOCKER_CLI)
             # A worker killed on this host left its trials' folders (each a file system of its
             # own on a root worker): removed once their leases expired, not at the next start.
             try:
@@ -88,6 +110,7 @@ def _beat(name: str, slots: int) -> None:
                 defaults={
                     "hostname": settings.WORKER_HOST, "slots": slots, "code_version": code_version(),
                     "agent_versions": versions, "started_at": started, "last_seen_at": timezone.now(),
+                    "capabilities": hosts.capabilities(_engine_at_start, found),
                 },
             )  # fmt: skip
         except Exception:  # a database restart: report on the next beat

@@ -1,7 +1,8 @@
 """Pure definitions of what to evaluate (no Django): the YAML formats and what reads them.
 
-- `task`, `experiment`, `criteria`, `gates`, `base`: pydantic models of coder-eval's task and
-  experiment formats, plus evalsite's gates;
+- `task`, `experiment`, `criteria`, `gates`, `base`, `docker`: pydantic models of coder-eval's task
+  and experiment formats (`docker`: its `sandbox.docker` block), plus evalsite's gates;
+- `harbor`: Harbor task folders (`task.toml`, `instruction.md`, ...) read as tasks;
 - `agent_kinds`: the one registry of agent kind names (built-ins and entry points);
 - `loading` and `yaml_errors`: files to validated specs, every problem as `file:line: field`;
 - `resolve`: the layered configuration of one trial, with lineage;
@@ -12,6 +13,8 @@ The spec models are importable from here (`from experiments_app.specs import Tas
 
 from experiments_app.specs.base import SpecError, SpecModel
 from experiments_app.specs.criteria import (
+    ALL_CRITERION_TYPES,
+    CONTAINER_CRITERION_TYPES,
     CRITERION_TYPES,
     JSON_OPERATORS,
     BaseCriterion,
@@ -27,7 +30,9 @@ from experiments_app.specs.criteria import (
     LlmJudge,
     RegexPattern,
     RunCommand,
+    Verifier,
 )
+from experiments_app.specs.docker import DockerBuild, DockerSpec
 from experiments_app.specs.experiment import (
     LAYER_FIELDS,
     TASK_FIELDS,
@@ -80,6 +85,8 @@ from experiments_app.specs.task import (
 
 __all__ = [
     "AGENTLESS_KINDS",
+    "ALL_CRITERION_TYPES",
+    "CONTAINER_CRITERION_TYPES",
     "CRITERION_TYPES",
     "GATE_TYPES",
     "JSON_OPERATORS",
@@ -99,6 +106,8 @@ __all__ = [
     "CommandExecuted",
     "Criterion",
     "DatasetSpec",
+    "DockerBuild",
+    "DockerSpec",
     "ExperimentSpec",
     "FileCheck",
     "FileContains",
@@ -138,5 +147,6 @@ __all__ = [
     "TemplateDirSource",
     "TemplateSource",
     "VariantSpec",
+    "Verifier",
     "check_template_sources",
 ]

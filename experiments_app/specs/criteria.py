@@ -2,14 +2,23 @@
 
 Field names and parameters follow coder-eval (`coder_eval/criteria/*.py`); evalsite additions
 are marked "evalsite:". A task lists them under `success_criteria`; `Criterion` is the tagged
-union of every kind and `CRITERION_TYPES` their `type` values, derived from it.
+union of every kind, derived from it: `CRITERION_MODELS` by `type` value, split by where a type
+is graded (`graded_in`):
+
+- `CRITERION_TYPES`: graded from the finished workspace and the recorded events, each by a family
+  module of `runs_app.engine.criteria` (the engine refuses to start unless it covers exactly these);
+- `CONTAINER_CRITERION_TYPES`: run inside the trial's container by the container driver after the
+  agent (`verifier`, Harbor's tests/test.sh), for `sandbox.driver: docker` tasks only.
 
 Adding a type: its model here (and in the union), its implementation in a family module of
-`runs_app.engine.criteria` (docs/criteria.md).
+`runs_app.engine.criteria` (docs/criteria.md), or in the container driver for a container type.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -24,6 +33,7 @@ from experiments_app.specs.cli_recording import (
     lowered_spec,
     verb_problems,
 )
+from experiments_app.specs.docker import check_env, check_user
 
 
 class BaseCriterion(SpecModel):
@@ -41,6 +51,9 @@ class BaseCriterion(SpecModel):
     requires_agent: ClassVar[bool] = False
     # Criteria whose grading asks a model (through the judge's gateway, under `budgets.judge`).
     needs_model: ClassVar[bool] = False
+    # Where it is graded: from the finished workspace (a family module of runs_app.engine.criteria),
+    # or inside the trial's container, by the container driver.
+    graded_in: ClassVar[Literal["workspace", "container"]] = "workspace"
 
     @property
     def is_gating(self) -> bool:
@@ -455,6 +468,72 @@ class AgentJudge(BaseCriterion):
         return data
 
 
+class Verifier(BaseCriterion):
+    """evalsite: a verifier script run inside the trial's container after the agent, its score read
+    from a reward file: Harbor's verifier (`tests/test.sh` writing `/logs/verifier/reward.txt` or
+    `reward.json`). Container tasks only (`sandbox.driver: docker`); a Harbor task folder is
+    imported with one of these.
+
+    Parameters:
+    - `tests_dir`: a folder beside the task file (it travels in the task's bundle, never in the
+      image's build context); copied into the container at `/tests` after the agent.
+    - `script`: the file of `tests_dir` to run (default `test.sh`), as `bash /tests/<script>`.
+    - `timeout`: seconds the script may run (Harbor's `[verifier].timeout_sec`, default 600).
+    - `env`: variables set for the script, over the container's own (`[verifier].env`).
+    - `user`: who runs it (`[verifier].user`); None: the image's USER, as in Harbor.
+    - `pass_threshold`: 1.0 by default (a reward passes only when full).
+
+    Grading, in this order (the container driver implements it):
+    1. After the agent phase (and `post_run`), in the same container: remove `/tests` and
+       `/logs/verifier` if the agent left anything there; copy `tests_dir` to `/tests` (owned by
+       root, not writable by the agent's user); create an empty `/logs/verifier` writable by
+       `user`; run `bash /tests/<script>` in the working directory, as `user`, with `env`, for at
+       most `timeout` seconds. Its exit code and output are kept in the result's details, and never
+       scored (Harbor reads only the reward file).
+    2. `/logs/verifier/reward.json`, when present, wins over `reward.txt` (Harbor's order). It must
+       hold a JSON object whose values are numbers (booleans refused) in [0, 1]. Each key is one
+       criterion result, named by the key, with this criterion's gating and `pass_threshold` and an
+       equal share of its `weight` (so the verifier as a whole weighs `weight`).
+    3. Otherwise `reward.txt` must hold one number in [0, 1] (whitespace around it allowed): the
+       criterion's score, passed when score >= `pass_threshold`.
+    4. No reward file, an empty or unreadable one, a value that is not such a number, or a script
+       still running at `timeout` is a grading error (the trial is `error`, never `failed`), as
+       Harbor raises RewardFileNotFoundError or VerifierTimeoutError rather than scoring 0.
+    """
+
+    type: Literal["verifier"]
+    graded_in: ClassVar[Literal["workspace", "container"]] = "container"
+    pass_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
+    tests_dir: str = "tests"
+    script: str = "test.sh"
+    timeout: int = Field(default=600, ge=1, le=24 * 3600)
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None
+
+    @field_validator("tests_dir")
+    @classmethod
+    def _tests_dir(cls, v: str) -> str:
+        norm = v.replace("\\", "/")
+        if not norm.strip() or norm.startswith(("/", "~")) or re.match(r"^[A-Za-z]:/", norm):
+            raise ValueError(f"tests_dir must be a folder relative to the task file's, got {v!r}")
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str) -> str:
+        return check_workspace_path(v, "script (a file of tests_dir)")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v, "env")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | int | None) -> str | int | None:
+        return check_user(v, "user")
+
+
 Criterion = Annotated[
     FileExists
     | FileContains
@@ -469,17 +548,61 @@ Criterion = Annotated[
     | CliCalled
     | ClassificationMatch
     | LlmJudge
-    | AgentJudge,
+    | AgentJudge
+    | Verifier,
     Field(discriminator="type"),
 ]
-# The one list of criterion types: the union's members, by their `type` value. The engine's
-# implementations (`runs_app.engine.criteria`) must cover exactly these.
+# The one list of criterion types: the union's members, by their `type` value.
 CRITERION_MODELS: dict[str, type[BaseCriterion]] = {
     get_args(model.model_fields["type"].annotation)[0]: model for model in get_args(get_args(Criterion)[0])
 }
-CRITERION_TYPES = tuple(CRITERION_MODELS)
+ALL_CRITERION_TYPES = tuple(CRITERION_MODELS)
+# Graded from the workspace: the engine's family modules (`runs_app.engine.criteria`) cover exactly these.
+CRITERION_TYPES = tuple(name for name, model in CRITERION_MODELS.items() if model.graded_in == "workspace")
+# Graded inside the trial's container by the container driver.
+CONTAINER_CRITERION_TYPES = tuple(
+    name for name, model in CRITERION_MODELS.items() if model.graded_in == "container"
+)
 # Types whose grading asks a model (the judge's gateway and budget).
 MODEL_CRITERIA = frozenset(name for name, model in CRITERION_MODELS.items() if model.needs_model)
+
+
+def verifier_rewards(reward_json: bytes | None, reward_txt: bytes | None) -> dict[str, float]:
+    """A `verifier` criterion's rewards, by name, from what its script left in /logs/verifier
+    (the bytes of reward.json and reward.txt, None for a file that is absent): reward.json's keys
+    when it exists, else {"reward": the number in reward.txt} (Harbor's name for it). Raises
+    ValueError naming what is wrong; the grader reports that as an error, never as a score."""
+    if reward_json is not None:
+        try:
+            data = json.loads(reward_json.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"reward.json is not JSON: {exc}") from None
+        if not isinstance(data, dict) or not data:
+            raise ValueError(
+                'reward.json must hold a JSON object of reward names to numbers, e.g. {"tests": 1}'
+            )
+        return {str(name): _reward(value, f"reward.json: {name!r}") for name, value in data.items()}
+    if reward_txt is not None:
+        text = reward_txt.decode("utf-8", errors="replace").strip()
+        if not text:
+            raise ValueError("reward.txt is empty: the verifier must write one number from 0 to 1")
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"reward.txt must hold one number from 0 to 1, got {text[:40]!r}") from None
+        return {"reward": _reward(number, "reward.txt")}
+    raise ValueError(
+        "the verifier wrote neither /logs/verifier/reward.json nor reward.txt (Harbor's "
+        "RewardFileNotFoundError)"
+    )
+
+
+def _reward(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a number from 0 to 1, got {value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{where} is {value}, outside [0, 1] (a score is never clamped)")
+    return float(value)
 
 
 def default_pass_threshold(criterion_type: str) -> float:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from experiments_app.specs.base import SpecError, SpecModel
-from experiments_app.specs.criteria import CRITERION_TYPES, Criterion
+from experiments_app.specs.criteria import ALL_CRITERION_TYPES, Criterion
 from experiments_app.specs.gates import GATE_TYPES, Gate, gate_issues
 from experiments_app.specs.task import (
     KEBAB_RE,
@@ -156,7 +156,7 @@ LAYER_FIELDS: tuple[str, ...] = tuple(TaskOverlay.model_fields)
 # Names pydantic may insert into an error location for a tagged union (not YAML keys).
 UNION_TAGS = frozenset(
     (
-        *CRITERION_TYPES,
+        *ALL_CRITERION_TYPES,
         *GATE_TYPES,
         "template_dir",
         "starter_files",

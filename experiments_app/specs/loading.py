@@ -8,6 +8,9 @@ Paths inside a YAML are relative to its folder. They may climb (`../templates/x`
 stay inside the root: the folder being imported (for a single file: its folder, unless
 `root` is given). Symlinks are followed while their targets stay inside the root.
 
+A folder holding `task.toml` is a Harbor task folder (`specs.harbor`): it is read as one task,
+its bundle the whole folder, and nothing inside it is read as a task YAML.
+
 A bundle holds the YAML and every file it references; its paths are relative to the
 common ancestor folder of all of them, so the same task imported from elsewhere (or
 exported and re-imported) gives the same bundle digest.
@@ -22,7 +25,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
@@ -33,6 +36,8 @@ from experiments_app.specs import (
     ExperimentSpec,
     TaskSpec,
     TemplateDirSource,
+    Verifier,
+    harbor,
 )
 from experiments_app.specs.bundles import (
     DEFAULT_MAX_BYTES,
@@ -42,6 +47,7 @@ from experiments_app.specs.bundles import (
     too_large_message,
 )
 from experiments_app.specs.claude_options import plugin_path
+from experiments_app.specs.docker import build_context
 from experiments_app.specs.yaml_errors import (
     Doc,
     Loc,
@@ -149,12 +155,17 @@ def _ignored(name: str) -> bool:
     return name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES)
 
 
-def _yaml_files(folder: Path) -> list[Path]:
-    found = []
+def _walk(folder: Path) -> tuple[list[Path], list[str]]:
+    """The task YAML files under `folder`, and its Harbor task folders (not entered)."""
+    found, harbors = [], []
     for dirpath, dirnames, filenames in os.walk(folder):
+        if harbor.TASK_FILE in filenames:
+            harbors.append(os.path.abspath(dirpath))
+            dirnames[:] = []
+            continue
         dirnames[:] = sorted(d for d in dirnames if not _ignored(d))
         found += [Path(dirpath, f) for f in sorted(filenames) if f.endswith(YAML_SUFFIXES)]
-    return found
+    return found, harbors
 
 
 class _Files:
@@ -177,11 +188,21 @@ class _Files:
 TASK_DIR_PATH = re.compile(r"\$\{?TASK_DIR\}?/([A-Za-z0-9_.+,@=-][A-Za-z0-9_./+,@=-]*)")
 
 
+class _Source(Protocol):
+    """A task file being loaded: a YAML `Doc`, or a Harbor folder's `TomlDoc`."""
+
+    shown: str
+    root: Root
+
+    def issue(self, loc: Loc, message: str, severity: str = "error") -> SpecIssue: ...
+
+
 @dataclass(frozen=True)
 class _Ref:
     loc: Loc
     raw: str
-    kind: Literal["file", "dir", "any"]
+    # "dockerfile": a file whose whole folder (its build context) goes in the bundle too.
+    kind: Literal["file", "dir", "any", "dockerfile"]
     # A template folder's include_patterns: names the bundle would skip that it keeps.
     include: tuple[str, ...] = ()
 
@@ -219,10 +240,17 @@ def layer_refs(layer: Any, prefix: Loc = ()) -> list[_Ref]:
                 refs.append(_Ref((*prefix, *where, i, "path"), source.path, "dir", include))
     if getattr(layer, "reference", None) is not None:
         refs.append(_Ref((*prefix, "reference", "directory"), layer.reference.directory, "dir"))
+    docker = sandbox.docker if sandbox is not None else None
+    if docker is not None and docker.dockerfile_path is not None:
+        refs.append(
+            _Ref((*prefix, "sandbox", "docker", "dockerfile_path"), docker.dockerfile_path, "dockerfile")
+        )
     suite = getattr(getattr(layer, "hooks", None), "suite", None)
     for i, path in enumerate(suite.files if suite is not None else []):
         refs.append(_Ref((*prefix, "hooks", "suite", "files", i), path, "any"))
     for i, crit in enumerate(getattr(layer, "success_criteria", None) or []):
+        if isinstance(crit, Verifier):
+            refs.append(_Ref((*prefix, "success_criteria", i, "tests_dir"), crit.tests_dir, "dir"))
         # A criterion's command may run a file of the task's folder: `sh "$TASK_DIR/check.sh"`.
         command = getattr(crit, "command", None)
         for path in TASK_DIR_PATH.findall(command) if isinstance(command, str) else []:
@@ -255,13 +283,15 @@ def _check_ref(doc: Doc, ref: _Ref) -> tuple[str | None, SpecIssue | None]:
         return target, None
     if ref.kind == "dir" and not os.path.isdir(target):
         return None, doc.issue(ref.loc, f"expected a folder, but {raw!r} is a file")
-    if ref.kind == "file" and not os.path.isfile(target):
+    if ref.kind in ("file", "dockerfile") and not os.path.isfile(target):
         return None, doc.issue(ref.loc, f"expected a file, but {raw!r} is not a regular file")
     return target, None
 
 
-def _dir_files(doc: Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssue]]:
-    """Every file under a referenced folder, following symlinks that stay inside the root."""
+def _dir_files(doc: _Source, ref: _Ref, top: str, links: bool = True) -> tuple[list[str], list[SpecIssue]]:
+    """Every file under a referenced folder, following symlinks that stay inside the root (or,
+    without `links`, refusing every symlink: in a build context, where docker would copy the link
+    and the bundle its target)."""
     files, issues, seen = [], [], set()
     stack = [top]
     while stack:
@@ -280,6 +310,16 @@ def _dir_files(doc: Doc, ref: _Ref, top: str) -> tuple[list[str], list[SpecIssue
             if _ignored(entry.name) and not any(
                 fnmatch.fnmatchcase(relative, p.removeprefix("./")) for p in ref.include
             ):
+                continue
+            if entry.is_symlink() and not links:
+                shown = doc.root.shown(entry.path)
+                issues.append(
+                    doc.issue(
+                        ref.loc,
+                        f"{shown} is a symlink in the build context: docker would copy the link, the bundle "
+                        "its target: put the file itself there",
+                    )
+                )
                 continue
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
@@ -319,8 +359,13 @@ def _collect(
             found, problems = _dir_files(doc, ref, target)
             members += found
             issues += problems
+        elif ref.kind == "dockerfile":
+            found, problems = _dir_files(doc, ref, os.path.dirname(target), links=False)
+            members += found
+            issues += problems
         else:
             members.append(target)
+    issues += _context_issues(doc, refs, by_ref)
     if issues:
         return None, issues
     base = os.path.commonpath([os.path.dirname(doc.abs), *by_ref.values()])
@@ -337,7 +382,34 @@ def _collect(
     return _Collected(files, yaml_key, by_ref), []
 
 
-def _bundle(doc: Doc, files: dict[str, bytes], max_bytes: int) -> tuple[Bundle | None, SpecIssue | None]:
+def _context_issues(doc: Doc, refs: list[_Ref], by_ref: dict[Loc, str]) -> list[SpecIssue]:
+    """A build context must not hold what the agent may not see: a COPY in the Dockerfile would
+    put the YAML (a task's checks), the reference solution or a verifier's tests in the image."""
+    hidden = [(doc.abs, "this YAML file")]
+    for ref in refs:
+        if ref.loc in by_ref and ref.loc[-1:] == ("directory",):
+            hidden.append((by_ref[ref.loc], "the reference solution"))
+        if ref.loc in by_ref and ref.loc[-1:] == ("tests_dir",):
+            hidden.append((by_ref[ref.loc], "the verifier's tests"))
+    issues = []
+    for ref in refs:
+        if ref.kind != "dockerfile" or ref.loc not in by_ref:
+            continue
+        context = os.path.dirname(by_ref[ref.loc])
+        for path, what in hidden:
+            if inside(context, path) or inside(path, context):
+                issues.append(
+                    doc.issue(
+                        ref.loc,
+                        f"the build context (the Dockerfile's folder, {doc.root.shown(context)}) holds "
+                        f"{what}: a COPY would put it in the agent's image: move the Dockerfile and what it "
+                        "copies into a folder of their own (e.g. environment/)",
+                    )
+                )
+    return issues
+
+
+def _bundle(doc: _Source, files: dict[str, bytes], max_bytes: int) -> tuple[Bundle | None, SpecIssue | None]:
     try:
         return make_bundle(files, max_bytes), None
     except BundleTooLarge as exc:
@@ -447,17 +519,20 @@ def load_tasks(
     *,
     lenient: bool = False,
 ) -> TaskLoadResult:
-    """Load every task YAML in `paths` (files, or folders searched recursively).
+    """Load every task in `paths`: task YAML files and Harbor task folders (a folder holding
+    `task.toml`, or that file), given or found in folders searched recursively.
 
     An unknown key is an error (with "did you mean"), as in coder-eval; `lenient` makes it a
-    warning instead. A coder-eval feature evalsite does not run is an error either way.
+    warning instead. A coder-eval or Harbor feature evalsite does not run is an error either way.
 
     Experiment files (a mapping with `experiment_id`) are skipped, and so are YAML files
-    inside folders some YAML uses as a template or reference folder (they are bundle content).
+    inside folders some YAML uses as a template or reference folder (they are bundle content),
+    and everything inside a Harbor task folder.
     """
     result = TaskLoadResult()
     docs: dict[str, Doc] = {}  # by absolute path: overlapping arguments load a file once
     unparsed: dict[str, SpecIssue] = {}
+    harbors: dict[str, Root] = {}  # Harbor task folders, by absolute path
     for path in map(Path, paths):
         this_root = Root.of(root if root is not None else (path if path.is_dir() else path.parent))
         if not path.exists():
@@ -466,7 +541,13 @@ def load_tasks(
         if not inside(this_root.abs, os.path.abspath(path)):
             result.errors.append(SpecIssue(str(path), None, "", f"is outside the root folder {root}"))
             continue
-        for file in _yaml_files(path) if path.is_dir() else [path]:
+        if path.name == harbor.TASK_FILE and path.is_file():
+            harbors.setdefault(os.path.abspath(path.parent), this_root)
+            continue
+        files, folders = _walk(path) if path.is_dir() else ([path], [])
+        for folder in folders:
+            harbors.setdefault(folder, this_root)
+        for file in files:
             abs_path = os.path.abspath(file)
             if abs_path in docs or abs_path in unparsed:
                 continue
@@ -481,7 +562,7 @@ def load_tasks(
         issue for abs_path, issue in unparsed.items() if not any(inside(f, abs_path) for f, _ in content)
     ]
     reader = _Files()
-    loaded: list[tuple[LoadedTask, Doc]] = []
+    loaded: list[tuple[LoadedTask, Doc | harbor.TomlDoc]] = []
     for doc in docs.values():
         if any(inside(folder, doc.abs) for folder, owner in content if owner is not doc):
             continue
@@ -493,6 +574,14 @@ def load_tasks(
         result.warnings += warnings
         if task:
             loaded.append((task, doc))
+    for folder, folder_root in harbors.items():
+        if any(inside(content_dir, folder) for content_dir, _ in content):
+            continue
+        task, source, errors, warnings = _load_harbor(folder, folder_root, reader, max_bundle_bytes, lenient)
+        result.errors += errors
+        result.warnings += warnings
+        if task and source:
+            loaded.append((task, source))
     result.tasks = [task for task, _ in loaded]
     result.errors += _duplicate_ids(loaded)
     return result
@@ -513,6 +602,14 @@ def _raw_dirs(data: Any) -> Iterator[str]:
     if isinstance(data, dict):
         if data.get("type") == "template_dir" and isinstance(data.get("path"), str):
             yield data["path"]
+        if data.get("type") == "verifier":
+            tests_dir = data.get("tests_dir", "tests")
+            yield from [tests_dir] if isinstance(tests_dir, str) else []
+        docker = data.get("docker")
+        dockerfile = docker.get("dockerfile_path") if isinstance(docker, dict) else None
+        if isinstance(dockerfile, str) and dockerfile.strip() and build_context(dockerfile) != ".":
+            # (a context that is the task's own folder is refused when the task loads)
+            yield build_context(dockerfile)
         reference = data.get("reference")
         if isinstance(reference, str):
             yield reference
@@ -549,6 +646,7 @@ def _load_task(
     got, errors = _collect(doc, refs, reader, max_bytes)
     if got is None:
         return None, errors, warnings
+    errors += _script_issues(doc, spec, got)
     prompt = spec.initial_prompt or ""
     if spec.initial_prompt_file is not None:
         prompt, issue = _text(doc, ("initial_prompt_file",), got.by_ref[("initial_prompt_file",)], reader)
@@ -576,16 +674,86 @@ def _load_task(
     return task, [], warnings
 
 
-def _duplicate_ids(loaded: list[tuple[LoadedTask, Doc]]) -> list[SpecIssue]:
+def _script_issues(doc: Doc, spec: TaskSpec, got: _Collected) -> list[SpecIssue]:
+    """The scripts a container task runs from its folders must be there."""
+    issues = []
+    for i, crit in enumerate(spec.success_criteria):
+        if isinstance(crit, Verifier):
+            folder = got.by_ref[("success_criteria", i, "tests_dir")]
+            if not os.path.isfile(os.path.join(folder, crit.script)):
+                shown = doc.root.shown(os.path.join(folder, crit.script))
+                issues.append(doc.issue(("success_criteria", i, "script"), f"file not found: {shown}"))
+    reference = spec.reference
+    if reference is not None and reference.script is not None:
+        folder = got.by_ref[("reference", "directory")]
+        if not os.path.isfile(os.path.join(folder, reference.script)):
+            shown = doc.root.shown(os.path.join(folder, reference.script))
+            issues.append(doc.issue(("reference", "script"), f"file not found: {shown}"))
+    return issues
+
+
+def _load_harbor(
+    folder: str, root: Root, reader: _Files, max_bytes: int, lenient: bool
+) -> tuple[LoadedTask | None, harbor.TomlDoc | None, list[SpecIssue], list[SpecIssue]]:
+    """A Harbor task folder as a task: its task.toml checked and turned into a task spec, its
+    bundle the whole folder (so the folder's digest is the task's version)."""
+    doc, issue = harbor.read_task_toml(Path(folder, harbor.TASK_FILE), root)
+    if doc is None:
+        return None, None, [issue] if issue else [], []
+    found = harbor.harbor_task(doc, lenient=lenient)
+    if found.data is None:
+        return None, doc, found.errors, found.warnings
+    try:
+        spec = TaskSpec.model_validate(found.data)
+    except ValidationError as exc:
+        return None, doc, harbor.spec_issues(doc, exc, found.origins), found.warnings
+    everything = _Ref((), ".", "dir")
+    members, errors = _dir_files(doc, everything, folder)
+    context = os.path.join(folder, "environment")
+    if spec.sandbox.docker.dockerfile_path is not None:
+        errors += _dir_files(doc, _Ref((), "environment", "dir"), context, links=False)[1]
+    keys = {Path(os.path.relpath(m, folder)).as_posix(): m for m in members}
+    sizes = {key: os.path.getsize(m) for key, m in keys.items()}
+    if not errors and sum(sizes.values()) > max_bytes:
+        errors.append(SpecIssue(doc.shown, None, "", too_large_message(sizes, max_bytes)))
+    if errors:
+        return None, doc, errors, found.warnings
+    files = {key: reader.read(m) for key, m in sorted(keys.items())}
+    try:
+        prompt = files[harbor.INSTRUCTION].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        shown = doc.root.shown(os.path.join(folder, harbor.INSTRUCTION))
+        return None, doc, [SpecIssue(shown, None, "", "the file is not UTF-8 text")], found.warnings
+    bundle, issue = _bundle(doc, files, max_bytes)
+    if bundle is None:
+        return None, doc, [issue] if issue else [], found.warnings
+    task = LoadedTask(
+        spec=spec,
+        task_id=spec.task_id,
+        prompt=prompt,
+        source_yaml=doc.text,
+        source_path=Path(doc.shown),
+        yaml_path_in_bundle=harbor.TASK_FILE,
+        files=files,
+        bundle=bundle,
+        warnings=found.warnings,
+    )
+    return task, doc, [], found.warnings
+
+
+def _duplicate_ids(loaded: list[tuple[LoadedTask, Doc | harbor.TomlDoc]]) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     first: dict[str, SpecIssue] = {}
     for task, doc in loaded:
-        here = doc.issue(("task_id",), "")
-        if task.task_id in first:
-            other = first[task.task_id]
-            msg = f"duplicate task_id {task.task_id!r}: also defined in {other.file}:{other.line}"
-            issues.append(doc.issue(("task_id",), msg))
-        first.setdefault(task.task_id, here)
+        if isinstance(doc, harbor.TomlDoc):  # a Harbor task's id is its folder's name
+            here = SpecIssue(doc.shown, None, "", "")
+        else:
+            here = doc.issue(("task_id",), "")
+        other = first.setdefault(task.task_id, here)
+        if other is not here:
+            where = other.file if other.line is None else f"{other.file}:{other.line}"
+            msg = f"duplicate task_id {task.task_id!r}: also defined in {where}"
+            issues.append(SpecIssue(here.file, here.line, here.field, msg))
     return issues
 
 

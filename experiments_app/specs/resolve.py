@@ -402,7 +402,7 @@ def check_override(path: str, value: Any) -> None:
 
     The path is walked field by field: the spec models keep unknown keys, but an override
     must name a real field, except under `agent` (whose unknown keys are agent options) and
-    under free-form mappings (`sandbox.docker`). The value is then validated
+    under free-form mappings (`sandbox.docker.env`). The value is then validated
     by the model itself, so field validators and constraints apply.
     """
     keys = path.split(".")

@@ -26,6 +26,7 @@ from experiments_app.specs import agent_kinds, claude_options
 from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path
 from experiments_app.specs.cli_recording import RecordedCli, duplicate_tools
 from experiments_app.specs.criteria import Criterion
+from experiments_app.specs.docker import DockerSpec, check_env
 from experiments_app.specs.unbuilt import refuse_unbuilt
 
 AGENTLESS_KINDS = agent_kinds.AGENTLESS_KINDS
@@ -193,7 +194,8 @@ class ResourceLimits(SpecModel):
 
 class SandboxSpec(SpecModel):
     driver: Literal["tempdir", "docker"] = "tempdir"
-    docker: dict[str, Any] = Field(default_factory=dict)
+    # Read only under driver: docker, as in coder-eval (an experiment may set it for every task).
+    docker: DockerSpec = Field(default_factory=DockerSpec)
     # null in YAML skips the per-sandbox venv (coder-eval).
     python: PythonEnv | None = Field(default_factory=PythonEnv)
     node: NodeEnv | None = None
@@ -425,9 +427,26 @@ class SimulationSpec(SpecModel):
 
 
 class ReferenceSpec(SpecModel):
-    """A folder holding a correct solution; never shown to the agent."""
+    """A folder holding a correct solution; never shown to the agent. The `oracle` agent copies it
+    over the workspace; with `script` (evalsite: Harbor's solution/solve.sh), a container task's
+    oracle instead finds the folder at /solution and runs `bash /solution/<script>` in the working
+    directory, with `env`."""
 
     directory: str
+    # evalsite: a file of the folder the oracle runs (container tasks only).
+    script: str | None = None
+    # evalsite: variables for the script (Harbor's [solution].env).
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        return v if v is None else check_workspace_path(v, "script (a file of the reference folder)")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v, "env")
 
     @model_validator(mode="before")
     @classmethod
@@ -587,6 +606,7 @@ class TaskSpec(SpecModel):
             *_early_stop_issues(self),
             *_simulation_issues(self),
             *_suite_hook_issues(self, resolved),
+            *_container_issues(self),
         ]
         if issues:
             raise SpecError(*issues)
@@ -676,6 +696,71 @@ def _suite_hook_issues(task: TaskSpec, resolved: bool) -> list[tuple[tuple[str |
             "not in a task (hooks.trial runs around each trial)",
         )
     ]
+
+
+def _container_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """What `driver: docker` needs, and what only a container task may ask for. Checked on a task
+    and on a resolved config, not on a layer: an experiment may set the driver or the image for
+    tasks that set the other."""
+    box = task.sandbox
+    issues: list[tuple[tuple[str | int, ...], str]] = []
+    if box.driver != "docker":
+        for i, crit in enumerate(task.success_criteria):
+            if crit.graded_in == "container":
+                issues.append(
+                    (
+                        ("success_criteria", i, "type"),
+                        f"a {crit.type} criterion runs inside the task's container: set sandbox.driver: "
+                        "docker (with docker.image or docker.dockerfile_path)",
+                    )
+                )
+        if task.reference is not None and task.reference.script is not None:
+            issues.append(
+                (
+                    ("reference", "script"),
+                    "the oracle runs reference.script inside the task's container: set sandbox.driver: "
+                    "docker, or remove script (the oracle then copies the folder)",
+                )
+            )
+        return issues
+    docker = box.docker
+    if docker.image is None and docker.dockerfile_path is None:
+        unknown = ", ".join(map(repr, docker.model_extra or {}))
+        issues.append(
+            (
+                ("sandbox", "driver"),
+                "driver: docker needs docker.image (an image every worker holds) or "
+                "docker.dockerfile_path (a Dockerfile beside the task): coder-eval's default image "
+                "coder-eval-agent:<version> is built from coder-eval's source and no worker has it "
+                "(docs/coder-eval.md says what to use instead)"
+                + (f"; sandbox.docker holds unknown keys: {unknown}" if unknown else ""),
+            )
+        )
+    if docker.network == "bridge" and box.network != "bridge":
+        issues.append(
+            (
+                ("sandbox", "docker", "network"),
+                "docker.network: bridge is open internet in coder-eval, and evalsite gives none: list the "
+                "hosts the task needs in sandbox.allowed_hosts with sandbox.network: bridge (reached "
+                "through the gateway), or set docker.network: none",
+            )
+        )
+    if docker.network == "none" and box.network == "bridge":
+        issues.append(
+            (("sandbox", "docker", "network"), "docker.network: none disagrees with sandbox.network: bridge")
+        )
+    for env in ("python", "node"):
+        packages = getattr(box, env)
+        if packages is not None and packages.env_packages:
+            issues.append(
+                (
+                    ("sandbox", env, "env_packages"),
+                    "a container has no network to install packages from, and the worker's own "
+                    "environments do not fit another image: install them in the Dockerfile (RUN pip "
+                    "install ..., RUN npm install -g ...)",
+                )
+            )
+    return issues
 
 
 def _early_stop_issues(task: TaskSpec) -> list[tuple[tuple[str | int, ...], str]]:

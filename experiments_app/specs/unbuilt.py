@@ -1,4 +1,4 @@
-"""coder-eval features evalsite does not run yet: refused by name, never accepted and ignored (no Django).
+"""coder-eval features evalsite does not run, or refuses: named, never accepted and ignored (no Django).
 
 `unbuilt_features(data)` reads a raw task, experiment defaults or variant layer (a dict, as written)
 and names every such key with the path that holds it; the loader turns each into an error at its
@@ -15,39 +15,55 @@ Loc = tuple[str | int, ...]
 
 # (path, what it is in coder-eval, what to do instead)
 _UNBUILT: list[tuple[Loc, str, str]] = [
-    (("sandbox", "docker"), "a container for the sandbox", "use the namespace sandbox (driver: tempdir)"),
+    # Nothing today: every coder-eval key is built or refused by design (below).
+]
+
+# Keys evalsite refuses by design: (path, what it is in coder-eval, why and what to do instead).
+_REFUSED: list[tuple[Loc, str, str]] = [
     (
-        ("sandbox", "limits", "max_cpus"),
-        "a CPU cap, enforced by coder-eval only under driver: docker",
-        "remove it (memory, processes and disk are capped; CPU is not)",
+        ("sandbox", "docker", "env_passthrough"),
+        "the worker's environment variables forwarded into the container",
+        "no variable of the worker enters a sandbox (the model is reached through the gateway, which "
+        "adds the key): set fixed values with sandbox.docker.env",
+    ),
+    (
+        ("sandbox", "docker", "env_passthrough_extra"),
+        "more of the worker's environment variables forwarded into the container",
+        "no variable of the worker enters a sandbox: set fixed values with sandbox.docker.env",
+    ),
+    (
+        ("sandbox", "docker", "extra_mounts"),
+        "folders of the worker's disk mounted into the container",
+        "a trial sees only its task's files, on any worker: COPY them in the Dockerfile (its folder "
+        "is the build context) or place them with template_sources",
     ),
 ]
 
 
 def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
-    """(path, message) for each key of `data` that names a coder-eval feature evalsite lacks."""
+    """(path, message) for each key of `data` that names a coder-eval feature evalsite lacks or
+    refuses."""
     if not isinstance(data, dict):
         return []
     found = []
     for path, what, instead in _UNBUILT:
-        value = _get(data, path)
-        if _set(value):
-            found.append(
-                (
-                    path,
-                    f"coder-eval's {'.'.join(map(str, path))} ({what}) is not built in evalsite: {instead}",
-                )
-            )
+        if _set(_get(data, path)):
+            name = ".".join(map(str, path))
+            found.append((path, f"coder-eval's {name} ({what}) is not built in evalsite: {instead}"))
+    for path, what, why in _REFUSED:
+        if _set(_get(data, path)):
+            found.append((path, f"coder-eval's {'.'.join(map(str, path))} ({what}) is refused: {why}"))
     # A task sets sandbox.driver; an experiment layer may set `driver` at its top level.
-    for loc in (("sandbox", "driver"), ("driver",)):
-        if _get(data, loc) == "docker":
-            found.append(
-                (
-                    loc,
-                    "driver: docker asks for a container, and evalsite runs no container runtime: "
-                    "use driver: tempdir (the namespace sandbox)",
-                )
+    docker = "docker" in (_get(data, ("sandbox", "driver")), _get(data, ("driver",)))
+    if _set(_get(data, ("sandbox", "limits", "max_cpus"))) and not docker:
+        found.append(
+            (
+                ("sandbox", "limits", "max_cpus"),
+                "coder-eval's sandbox.limits.max_cpus (a CPU cap, enforced by coder-eval only under "
+                "driver: docker) is not built for the namespace sandbox: remove it (memory, processes "
+                "and disk are capped; CPU is not), or set driver: docker beside it",
             )
+        )
     return found
 
 

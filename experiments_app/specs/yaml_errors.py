@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from experiments_app.specs import CRITERION_TYPES, UNION_TAGS, AgentSpec, SpecError
+from experiments_app.specs import ALL_CRITERION_TYPES, UNION_TAGS, AgentSpec, SpecError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster when present
 
@@ -285,7 +285,7 @@ def _union_name(path: list[str | int]) -> str:
 
 def _union_tags(path: list[str | int]) -> tuple[str, ...]:
     return {
-        "criterion": CRITERION_TYPES,
+        "criterion": ALL_CRITERION_TYPES,
         "template source": ("template_dir", "starter_files", "repo"),
         "prompt mutation": ("prefix", "suffix", "replace", "template"),
     }.get(_union_name(path), ())

@@ -187,3 +187,29 @@ def test_it_refuses_forged_damaged_and_bomb_zips_cleanly(admin_client, settings,
     assert response.status_code == 200
     assert fragment in response.content
     assert Task.objects.count() == 0
+
+
+def test_it_imports_an_uploaded_zip_of_a_harbor_task_folder(admin_client):
+    folder = settings.BASE_DIR / "examples" / "harbor" / "shout-and-count"
+    files = {
+        f"shout-and-count/{p.relative_to(folder).as_posix()}": p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+    response = admin_client.post(
+        UPLOAD, {"file": SimpleUploadedFile("harbor.zip", _zip(files)), "task_set": "tb"}
+    )
+
+    assert response.status_code == 302
+    task = TaskSet.objects.get(name="tb").tasks.get()
+    assert task.slug == "shout-and-count" and task.current_version().yaml_path == "task.toml"
+    assert task.spec["success_criteria"] == [
+        {
+            "type": "verifier",
+            "description": "tests/test.sh (Harbor's verifier)",
+            "tests_dir": "tests",
+            "script": "test.sh",
+            "timeout": 60,
+        }
+    ]

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -168,3 +169,121 @@ def test_a_task_first_known_from_a_run_record_becomes_runnable_when_its_yaml_is_
     task = Task.objects.get(slug="seen")
     assert report.updated == ["seen"] and report.unchanged == []
     assert task.skip is False and task.version == 2
+
+
+# --- container tasks: Harbor folders and coder-eval's driver: docker ----------------------------
+
+CONTAINER_TASK = """\
+task_id: count-lines
+initial_prompt: "Write the number of lines of /app/data.txt to /app/count.txt."
+sandbox:
+  driver: docker
+  python: null
+  docker:
+    dockerfile_path: environment/Dockerfile
+    working_dir: auto
+  limits: {max_cpus: 1, max_memory_mb: 512}
+success_criteria:
+  - type: file_contains
+    path: count.txt
+    includes: ["3"]
+"""
+
+
+@pytest.fixture
+def containers(tmp_path) -> Path:
+    """The example Harbor tasks and a coder-eval docker task, side by side in one folder."""
+    root = Path(shutil.copytree(EXAMPLES / "harbor", tmp_path / "containers"))
+    (root / "count-lines" / "environment").mkdir(parents=True)
+    (root / "count-lines" / "task.yaml").write_text(CONTAINER_TASK)
+    (root / "count-lines" / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\nWORKDIR /app\n"
+    )
+    (root / "count-lines" / "environment" / "data.txt").write_text("a\nb\nc\n")
+    return root
+
+
+def test_the_command_imports_harbor_folders_beside_yaml_container_tasks(containers):
+    from experiments_app.specs.bundles import read_bundle
+
+    call_command("import_tasks", str(containers), "--set", "containers")
+
+    tasks = {task.slug: task for task in TaskSet.objects.get(name="containers").tasks.all()}
+    assert sorted(tasks) == ["count-lines", "hello-world", "shout-and-count"]
+    hello = tasks["hello-world"]
+    version = hello.current_version()
+    assert version.yaml_path == "task.toml" and hello.source_yaml.startswith('version = "1.0"')
+    assert hello.prompt.startswith("Create a file named `hello.txt`")
+    assert (
+        hello.spec["sandbox"]["driver"] == "docker" and hello.spec["initial_prompt_file"] == "instruction.md"
+    )
+    assert hello.spec["success_criteria"][0]["type"] == "verifier"
+    assert "category:file-operations" in hello.tags
+    assert sorted(read_bundle(bytes(hello.bundle.data))) == [
+        "environment/Dockerfile",
+        "instruction.md",
+        "solution/solve.sh",
+        "task.toml",
+        "tests/test.sh",
+    ]
+    counted = tasks["count-lines"]
+    assert counted.spec["sandbox"]["docker"] == {
+        "dockerfile_path": "environment/Dockerfile",
+        "working_dir": "auto",
+    }
+    assert sorted(read_bundle(bytes(counted.bundle.data))) == [
+        "environment/Dockerfile",
+        "environment/data.txt",
+        "task.yaml",
+    ]
+    assert import_tasks([containers]).unchanged == ["count-lines", "hello-world", "shout-and-count"]
+
+
+def test_it_makes_a_new_version_when_a_harbor_folders_test_changes(containers):
+    import_tasks([containers])
+    (containers / "hello-world" / "tests" / "test.sh").write_text(
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
+    )
+
+    report = import_tasks([containers])
+
+    assert report.updated == ["hello-world"]
+    assert Task.objects.get(slug="hello-world").version == 2
+
+
+def test_it_exports_a_harbor_task_as_its_folder_and_reimports_it_unchanged(containers, tmp_path):
+    import_tasks([containers], task_set="mine")
+    before = dict(Task.objects.values_list("slug", "bundle_id"))
+
+    out = tmp_path / "exported"
+    call_command("export_tasks", "--set", "mine", str(out))
+    for name in (
+        "task.toml",
+        "instruction.md",
+        "environment/Dockerfile",
+        "tests/test.sh",
+        "solution/solve.sh",
+    ):
+        assert (out / "hello-world" / name).read_bytes() == (containers / "hello-world" / name).read_bytes()
+    assert os.access(out / "hello-world" / "tests" / "test.sh", os.X_OK)
+    Task.objects.all().delete()
+    import_tasks([out])
+
+    assert dict(Task.objects.values_list("slug", "bundle_id")) == before
+
+
+def test_the_command_names_each_harbor_problem_at_its_line(containers):
+    toml = containers / "hello-world" / "task.toml"
+    toml.write_text(toml.read_text().replace("allow_internet = false", "allow_internet = true"))
+    (containers / "shout-and-count" / "instruction.md").unlink()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("import_tasks", str(containers))
+
+    message = str(excinfo.value)
+    assert "nothing imported: 2 problem(s)" in message
+    assert (
+        f"{containers}/hello-world/task.toml:20: environment.allow_internet: allow_internet = true" in message
+    )
+    assert f"{containers}/shout-and-count/instruction.md: not found" in message
+    assert Task.objects.count() == 0

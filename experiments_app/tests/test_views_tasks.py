@@ -140,3 +140,102 @@ def test_it_imports_and_shows_a_task_whose_id_holds_dots(member_client, tmp_path
 
     assert response.status_code == 200 and b"my.task" in response.content
     assert Task.objects.get(slug="my.task").full_clean() is None
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+def _harbor_files(prefix: str = "") -> dict[str, bytes]:
+    """The example hello-world Harbor task's files, under `prefix`."""
+    from django.conf import settings
+
+    folder = settings.BASE_DIR / "examples" / "harbor" / "hello-world"
+    return {
+        prefix + path.relative_to(folder).as_posix(): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_staff_upload_harbor_folders_beside_yaml_tasks_into_a_set(admin_client):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from experiments_app.specs.bundles import read_bundle
+
+    TaskSet.objects.create(name="mixed")
+    upload = reverse("taskset_upload", args=["mixed"])
+    suite = _zip(
+        {
+            **_harbor_files("suite/hello-world/"),
+            "suite/yaml-one/task.yaml": b"task_id: yaml-one\ninitial_prompt: go\n"
+            b"success_criteria:\n  - {type: file_exists, path: a}\n",
+            # coder-eval's container task: its build context travels with it.
+            "suite/boxed/task.yaml": b"task_id: boxed\ninitial_prompt: go\nsandbox:\n  driver: docker\n"
+            b"  python: null\n  docker: {dockerfile_path: env/Dockerfile}\n"
+            b"success_criteria:\n  - {type: file_exists, path: a}\n",
+            "suite/boxed/env/Dockerfile": b"FROM debian:bookworm-slim\nCOPY data.txt /data.txt\n",
+            "suite/boxed/env/data.txt": b"42\n",
+        }
+    )
+    # A zip of one folder's contents is that folder: the zip's name is the task's id.
+    single = _zip(_harbor_files())
+
+    admin_client.post(upload, {"file": SimpleUploadedFile("suite.zip", suite)})
+    admin_client.post(upload, {"file": SimpleUploadedFile("greeting.zip", single)})
+
+    members = TaskSet.objects.get(name="mixed").tasks.order_by("slug")
+    assert list(members.values_list("slug", flat=True)) == ["boxed", "greeting", "hello-world", "yaml-one"]
+    assert members.get(slug="greeting").bundle_id == members.get(slug="hello-world").bundle_id
+    assert members.get(slug="hello-world").spec["sandbox"]["driver"] == "docker"
+    boxed = members.get(slug="boxed")
+    assert boxed.spec["sandbox"]["docker"] == {"dockerfile_path": "env/Dockerfile"}
+    assert sorted(read_bundle(bytes(boxed.bundle.data))) == ["env/Dockerfile", "env/data.txt", "task.yaml"]
+
+
+def test_it_shows_a_harbor_folders_problems_at_their_lines_and_imports_nothing(admin_client):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    TaskSet.objects.create(name="mixed")
+    files = _harbor_files("hello-world/")
+    files["hello-world/task.toml"] = files["hello-world/task.toml"].replace(
+        b"allow_internet = false", b"allow_internet = true\ngpus = 2"
+    )
+    del files["hello-world/tests/test.sh"]
+
+    response = admin_client.post(
+        reverse("taskset_upload", args=["mixed"]),
+        {"file": SimpleUploadedFile("bad.zip", _zip(files))},
+        follow=True,
+    )
+
+    body = response.content.decode()
+    assert "Nothing was imported: 3 problem(s)." in body
+    assert "hello-world/task.toml:21: environment.gpus: Harbor&#x27;s environment.gpus (GPUs:" in body
+    assert "hello-world/task.toml:20: environment.allow_internet:" in body
+    assert "hello-world/tests/test.sh: not found" in body
+    assert "evalsite-upload-" not in body
+    assert not Task.objects.exists()
+
+
+def test_it_shows_a_harbor_task_with_its_instruction_verifier_and_task_toml(member_client):
+    from django.conf import settings
+
+    from experiments_app.definitions import import_tasks
+
+    import_tasks([settings.BASE_DIR / "examples" / "harbor" / "hello-world"])
+
+    response = member_client.get(reverse("task_detail", args=["hello-world"]))
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "Create a file named `hello.txt`" in body
+    assert [c["type"] for c in response.context["criteria"]] == ["verifier"]
+    assert "allow_internet = false" in body

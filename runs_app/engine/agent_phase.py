@@ -16,7 +16,7 @@ from django.conf import settings
 
 from experiments_app.specs.claude_options import plugin_path
 from experiments_app.specs.cli_recording import RECORD_CLI_DIR
-from runs_app.engine import agents, criteria, gateway, grading
+from runs_app.engine import agents, criteria, gateway, grading, trial_container
 from runs_app.engine.agents import base as agent_base
 from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.criteria import early_stop
@@ -417,6 +417,10 @@ class AgentPhase:
         reference = self.box.reference_dir()
         if reference is not None:
             config["reference_path"] = str(reference)
+            script = (self.context.config.get("reference") or {}).get("script")
+            if script and self.box.container:  # Harbor's solution/solve.sh, run at /solution
+                config["reference_script"] = str(trial_container.SOLUTION / script)
+                config["reference_env"] = dict((self.context.config.get("reference") or {}).get("env") or {})
         max_turns = (self.context.config.get("run_limits") or {}).get("max_turns")
         if max_turns and "max_turns" not in config:
             config["max_turns"] = max_turns
@@ -462,17 +466,22 @@ class AgentPhase:
 
     def _agent_mounts(self, agent_config: dict) -> list[Mount]:
         """The agent's script (agent.script) and plugin folders (agent.plugins), read-only:
-        nothing else of the bundles."""
+        nothing else of the bundles; in a container, the worker's runtimes its CLI runs with, and
+        the reference for its script."""
         script = agent_config.get("script_path")
         plugins = [Mount(Path(plugin["path"])) for plugin in agent_config.get("plugins") or []]
-        return ([Mount(Path(script))] if script else []) + plugins
+        mounts = ([Mount(Path(script))] if script else []) + plugins
+        if agent_config.get("reference_script"):
+            reference = Path(agent_config["reference_path"])
+            mounts += trial_container.reference_script_mounts(self.box, reference)
+        return [*self.box.runtime_mounts, *mounts]
 
     def _mock_path(self) -> dict[str, str]:
         """coder-eval's `sandbox.mock_path_dirs`: workspace folders whose plain files become
         executables first on the agent's PATH (missing folders are skipped, as there), after the
         `record_cli` shims' folder."""
         dirs = []
-        workspace_dir = self.box.paths.workspace
+        workspace_dir = self.box.workspace
         box = self.context.config.get("sandbox") or {}
         if box.get("record_cli"):  # the recording shims come first (coder-eval's order)
             dirs.append(str(workspace_dir / RECORD_CLI_DIR))
@@ -486,6 +495,14 @@ class AgentPhase:
             dirs.append(str(folder))
         if not dirs:
             return {}
+        if self.box.container:
+            # In the image's folder the host's copy is not what runs: the container's own
+            # folder is (its files keep the modes the task gave them).
+            if self.box.in_image:
+                dirs = [
+                    str(self.box.command_folder(Path(d).relative_to(workspace_dir.resolve()))) for d in dirs
+                ]
+            return {"PATH": os.pathsep.join([*dirs, self.box.container_path_variable()])}
         return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
 
 

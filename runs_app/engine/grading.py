@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runs_app.engine import criteria
+from runs_app.engine import criteria, trial_container
 from runs_app.engine.context import TrialContext
 from runs_app.engine.criteria import early_stop
 from runs_app.engine.criteria.early_stop import EarlyStop
@@ -51,7 +51,7 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
         # way never happened as far as the verdict goes.
         tool_calls = tool_calls[: trace.early_stop.tool_call_index]
     grading = criteria.GradingContext(
-        workspace=box.paths.workspace,
+        workspace=box.workspace,
         tool_calls=tool_calls,
         final_text=trace.final_text,
         run_command=box.run_command,
@@ -61,6 +61,7 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
         reference_dir=box.reference_dir(),
         shared_roots=tuple(mount.path for mount in box.env_mounts),
         dialog=trace.dialog,
+        run_verifier=_verifier(box) if box.container else None,
     )
     specs = context.config.get("success_criteria") or []
     judge = _judge_client(box, context, specs)
@@ -96,6 +97,14 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
         outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
 
 
+def _verifier(box: TrialSandbox) -> Callable[[dict], tuple[dict[str, float], dict]]:
+    def run(params: dict) -> tuple[dict[str, float], dict]:
+        found = trial_container.run_verifier(box, params)
+        return found.rewards, found.details
+
+    return run
+
+
 def error_category(results: list[criteria.CriterionResult]) -> str:
     """`judge` when every criterion error is the judge's failure (its key, its endpoint, no usable
     verdict), so such trials are told apart from the grader's own errors; else `grader`."""
@@ -106,6 +115,7 @@ def error_category(results: list[criteria.CriterionResult]) -> str:
 def passes_now(box: TrialSandbox, context: TrialContext, trace: AgentTrace) -> bool:
     """The criteria judged on the workspace as it is between two turns (`check_criteria`)."""
     probe = Outcome(Trial.Status.RUNNING)
+    box.pull_workspace()  # an image's folder, as the agent left it this turn
     grade(box, context, trace, probe)
     return probe.status == Trial.Status.PASSED
 

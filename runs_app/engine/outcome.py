@@ -39,6 +39,7 @@ class Outcome:
     budget_exceeded: str = ""
     stopped_early: str = ""
     tampered: str = ""
+    image_digest: str = ""
     visible_turns: int = 0
     trajectory: dict | None = None
     usage: Usage = field(default_factory=Usage)

@@ -177,12 +177,31 @@ class TrialExecution:
         return self._ended(self._after_hooks(outcome), timings, started)
 
     def setup(self) -> None:
-        self.box.open(experiment_of(self.trial.run_id))
+        try:
+            self.box.open(experiment_of(self.trial.run_id))
+        finally:
+            self._record_image()
         self.box.apply_template_sources()
         self.box.write_cli_recorders()
         self.box.provide_environment()
         self.recorder.phase("pre_run")
         run_steps(self.box, self.context, "pre_run", fatal=True)
+
+    def _record_image(self) -> None:
+        """A container trial's image: what building (or finding) it printed, in the transcript."""
+        build = self.box.image_build
+        if build.command:
+            self.recorder.add(
+                TrialEvent.Kind.OUTPUT,
+                {
+                    "step": "image",
+                    "command": build.command,
+                    "exit_code": 1 if build.error else 0,
+                    "stdout": "\n".join(build.lines)[-8000:],
+                    "stderr": build.error,
+                    "timed_out": False,
+                },
+            )
 
     def _after_setup(self, timings: dict[str, float]) -> Outcome:
         """The before hooks, the agent and the grading; `hooks.trial.after` follows whatever
@@ -224,7 +243,7 @@ class TrialExecution:
     def _protected(self) -> dict[str, str] | None:
         """The digests of the task's protected paths (`integrity.protected`), if it has any."""
         patterns = (self.config.get("integrity") or {}).get("protected")
-        return integrity.digests(self.box.paths.workspace, list(patterns)) if patterns else None
+        return integrity.digests(self.box.workspace, list(patterns)) if patterns else None
 
     def _hooks(self, which: str) -> list[dict]:
         return ((self.config.get("hooks") or {}).get("trial") or {}).get(which) or []
@@ -265,6 +284,8 @@ class TrialExecution:
         if self.box.over_disk and not outcome.budget_exceeded:
             outcome.budget_exceeded = "disk"  # whichever phase reached the cap
         outcome.timings = timings
+        if self.box.image is not None:
+            outcome.image_digest = self.box.image.digest
         if self.trial.run.keep_artifacts and self.box.box is not None:
             outcome.artifact = self.box.save_artifact()
         self.box.cleanup()
@@ -310,6 +331,7 @@ class TrialExecution:
             "budget_exceeded": outcome.budget_exceeded,
             "stopped_early": outcome.stopped_early,
             "tampered": outcome.tampered,
+            "image_digest": outcome.image_digest,
             "visible_turns": outcome.visible_turns,
             "trajectory": outcome.trajectory,
             "agent_exit_code": outcome.exit_code,

@@ -31,7 +31,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from runs_app.engine import bundle_cache, criteria, gateway, identity
+from runs_app.engine import bundle_cache, criteria, gateway, hosts, identity, trial_container
 from runs_app.engine.leases import release_connection
 from runs_app.engine.outcome import TrialAborted
 from runs_app.engine.sandbox import (
@@ -42,6 +42,7 @@ from runs_app.engine.sandbox import (
     Phase,
     ProcessResult,
     Sandbox,
+    SandboxError,
     SandboxPaths,
     SandboxUnavailable,
     discard,
@@ -137,6 +138,13 @@ class TrialSandbox:
         # What the trial's environment is made of, by component (`identity`): the task's
         # env_packages environments here; the driver's own are added by `environment_components`.
         self.environment: dict[str, str] = {}
+        # A container task's (`trial_container`): its image, what getting it printed, whether
+        # the workspace is the image's own folder, the runtimes its agent's command sees.
+        self.container = hosts.runs_in_container(config)
+        self.image: trial_container.images.TaskImage | None = None
+        self.image_build = trial_container.ImageBuild()
+        self.in_image = False
+        self.runtime_mounts: list[Mount] = []
 
     @property
     def paths(self) -> SandboxPaths:
@@ -148,28 +156,72 @@ class TrialSandbox:
     def root(self) -> Path:
         return self.paths.root
 
+    @property
+    def workspace(self) -> Path:
+        """Where the engine reads the trial's files (snapshots, criteria, artifacts): the
+        workspace, or the host's copy of the image's folder (`pull_workspace`)."""
+        return self.paths.root / "mirror" if self.in_image else self.paths.workspace
+
+    def pull_workspace(self) -> Path:
+        """The image's folder copied out to `workspace` (a no-op for a mounted workspace)."""
+        if self.in_image:
+            assert isinstance(self.box, trial_container.container.ContainerSandbox)
+            self.box.pull_workspace(into=self.workspace)
+        return self.workspace
+
+    def command_folder(self, relative: Path) -> Path:
+        """Where commands see a folder of the workspace (the image's folder, or the mount)."""
+        assert self.box is not None
+        if self.in_image:
+            assert isinstance(self.box, trial_container.container.ContainerSandbox)
+            return self.box.cwd / relative
+        return self.paths.workspace / relative
+
+    def container_path_variable(self) -> str:
+        """The PATH commands of the trial's container start from (the image's, the node first)."""
+        assert self.box is not None
+        return self.box.env.get("PATH") or trial_container.DEFAULT_PATH
+
+    def push_workspace(self) -> None:
+        """What the engine wrote in `paths.workspace` (template sources, a reference, an agent's
+        prompt file) copied into the image's folder, owned by the container's user; the host
+        folder is then emptied for the next push."""
+        if not self.in_image:
+            return
+        assert isinstance(self.box, trial_container.container.ContainerSandbox)
+        paths = self.paths
+        if paths.uid is not None:
+            workspace.chown_tree(paths.workspace, paths.uid, paths.uid)
+        self.box.push_workspace()
+        for entry in paths.workspace.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                workspace.remove_tree(entry)
+            else:
+                entry.unlink()
+
     # --- building it ----------------------------------------------------------------------------
 
     def open(self, experiment: dict, purpose: str = "trial") -> None:
         """The trial's sandbox, started, and its task (and experiment) bundle, unpacked once per
         host. `experiment` is the run's frozen experiment settings (its bundle and YAML path);
         `purpose` names its folder (a re-grade's is not a running trial's, which sweeps check)."""
-        if (self.config.get("sandbox") or {}).get("driver") == "docker":  # launches refuse these
-            raise TrialAborted("setup", "sandbox.driver: docker: this worker runs no containers")
         shared = [Mount(self.suite_dir)] if self.suite_dir else []
         env = {
             "EVALSITE_TRIAL_ID": str(self.trial.pk),
             **({"EVALSITE_SUITE_DIR": str(self.suite_dir)} if self.suite_dir else {}),
         }
-        root = host_folder(f"{purpose}-{self.trial.pk}-a{self.trial.attempt}")
-        self.box = open_host_sandbox(root, self.caps, shared=shared, env=env)
-        self.box.shared.insert(0, Mount(self.box.started.home, writable=True))
         version = self.trial.task_version
         self.task_bundle_dir = bundle_cache.unpacked(version.bundle_id)
         self.task_yaml_dir = str(PurePosixPath(version.yaml_path).parent)
         if experiment.get("bundle"):
             self.experiment_bundle_dir = bundle_cache.unpacked(experiment["bundle"])
             self.experiment_yaml_dir = str(PurePosixPath(experiment.get("yaml_path") or ".").parent)
+        root = host_folder(f"{purpose}-{self.trial.pk}-a{self.trial.attempt}")
+        if self.container:
+            self.box = trial_container.open_container(self, root, shared, env)
+        else:
+            self.box = open_host_sandbox(root, self.caps, shared=shared, env=env)
+        self.box.shared.insert(0, Mount(self.box.started.home, writable=True))
 
     def apply_template_sources(self) -> None:
         sources = (self.config.get("sandbox") or {}).get("template_sources") or []
@@ -179,6 +231,8 @@ class TrialSandbox:
                 self.paths.workspace, [source], bundle_dir, yaml_dir, ignore_patterns=self.ignore_patterns(),
                 first_index=index, git=self._git,
             )  # fmt: skip
+        if sources:
+            self.push_workspace()
 
     def write_cli_recorders(self) -> None:
         """coder-eval's `sandbox.record_cli`: a recording shim per tool in the workspace's
@@ -200,6 +254,8 @@ class TrialSandbox:
         venv per host (a venv of symlinks and a pyvenv.cfg, from its listing), not by `python -m
         venv`. The `env_packages` of `sandbox.python` and `sandbox.node` come from environments
         built on the host once per requirement set and mounted read-only (`environments`)."""
+        if self.container:
+            return  # the image is the environment (env_packages are refused for containers)
         box = self.config.get("sandbox") or {}
         root = Path(settings.SANDBOX_ROOT)
         path = [os.environ.get("PATH", os.defpath)]
@@ -251,7 +307,10 @@ class TrialSandbox:
 
     def environment_components(self) -> dict[str, str]:
         """The trial's environment, component by component: the namespace driver's (bubblewrap
-        and the system it shows) and the task's environments. A container driver adds `image`."""
+        and the system it shows) and the task's environments; a container's image instead."""
+        if self.container:
+            image = self.image.digest if self.image is not None else "not had"
+            return {"sandbox": "docker", "image": image, **self.environment}
         try:
             driver = identity.sandbox_environment(bwrap_binary())
         except SandboxUnavailable:
@@ -344,6 +403,7 @@ class TrialSandbox:
         env: dict[str, str] | None = None,
         mounts: list[Mount] | None = None,
         via: gateway.Gateway | None = None,
+        user: str | None = None,
         **options: Any,
     ) -> ProcessResult:
         """One command in the trial's sandbox with `limits`, `env` and `mounts` besides the
@@ -351,14 +411,21 @@ class TrialSandbox:
         its socket mounted)."""
         mounts = list(mounts or [])
         env = dict(env or {})
+        if self.in_image:  # the agent's files were staged in the host folder, pushed to the image's
+            assert isinstance(self.box, trial_container.container.ContainerSandbox)
+            staging, folder = str(self.paths.workspace), str(self.box.cwd)
+            env = {key: folder + value[len(staging) :] if value.startswith(staging) else value
+                   for key, value in env.items()}  # fmt: skip
         if via is not None:
-            forwarder = gateway.forwarder(Path(settings.SANDBOX_ROOT))
+            forwarder = gateway.forwarder(Path(settings.SANDBOX_ROOT), static=self.container)
             argv = gateway.wrap_command(list(argv), via.socket_path, forwarder)
             mounts += [Mount(via.socket_path), Mount(forwarder)]
             if self.paths.uid is not None:
                 os.chown(via.socket_path, self.paths.uid, self.paths.uid)
             env = {**via.sandbox_env(), **env}
         options.setdefault("should_stop", self._should_stop)
+        if user is not None:  # a verifier's own user: containers only (specs refuse it elsewhere)
+            options["user"] = user
         release_connection()
         assert self.box is not None
         result = self.box.exec(argv, limits=limits, env=env, mounts=mounts, **options)
@@ -391,16 +458,16 @@ class TrialSandbox:
     def give_workspace_to_sandbox(self) -> None:
         """Files the worker wrote (oracle copies, prompt files) must belong to the sandbox uid."""
         paths = self.paths
-        if paths.uid is None:
-            return
-        for folder in (paths.workspace, paths.home):
-            workspace.chown_tree(folder, paths.uid, paths.uid)
+        if paths.uid is not None:
+            for folder in (paths.workspace, paths.home):
+                workspace.chown_tree(folder, paths.uid, paths.uid)
+        self.push_workspace()
 
     def snapshot(self) -> dict:
-        return workspace.snapshot(self.paths.workspace, self.ignore_patterns())
+        return workspace.snapshot(self.pull_workspace(), self.ignore_patterns())
 
     def save_artifact(self) -> str:
-        data = workspace.make_artifact_tarball(self.paths.workspace, self.ignore_patterns())
+        data = workspace.make_artifact_tarball(self.workspace, self.ignore_patterns())
         name = f"artifacts/run-{self.trial.run_id}/trial-{self.trial.pk}-attempt-{self.trial.attempt}.tar.gz"
         return default_storage.save(name, ContentFile(data))
 
@@ -445,4 +512,16 @@ def sweep_sandboxes() -> int:
         if not held:
             discard(folder)
             removed += 1
-    return removed
+    return removed + _reap_containers()
+
+
+def _reap_containers() -> int:
+    """Containers a dead worker of this host left whose folder is gone (the folders' own are
+    removed with them above): none when the host runs no container engine."""
+    if settings.CONTAINER_ENGINE == "none" or not Path(settings.DOCKER_CLI).exists():
+        return 0
+    try:
+        return len(trial_container.container.reap())
+    except (SandboxError, SandboxUnavailable) as exc:
+        logger.warning("could not list the containers of dead workers: %s", exc)
+        return 0

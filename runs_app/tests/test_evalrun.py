@@ -288,3 +288,55 @@ def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
     Worker.objects.update(code_version=run.code_version)
     again = evalrun(tasks, "-e", experiment, "--no-wait")
     assert again.returncode == 0 and "no live worker" not in again.stderr
+
+
+HARBOR = settings.BASE_DIR / "examples" / "harbor"
+
+
+def test_it_runs_a_harbor_task_folder_like_a_task_file(tmp_path):
+    """`evalrun <harbor-folder> -T oracle|none` through a real container worker: the solution
+    passes (exit 0), doing nothing fails (exit 1)."""
+    from runs_app.tests.containers import container_worker, purge_container_queues, require_engine
+
+    require_engine()
+    worker = container_worker(tmp_path)
+    try:
+        solved = evalrun(HARBOR / "hello-world", "-T", "oracle")
+        idle = evalrun(HARBOR / "hello-world", "-T", "none")
+    finally:
+        purge_container_queues()
+    assert solved.returncode == 0, solved.stdout + solved.stderr + worker.log()[-3000:]
+    assert "tasks: 1 created" in solved.stdout and "1 passed" in solved.stdout
+    assert idle.returncode == 1, idle.stdout + idle.stderr
+    trials = Trial.objects.order_by("pk")
+    assert [t.status for t in trials] == ["passed", "failed"]
+    assert trials[0].config["sandbox"]["driver"] == "docker" and trials[0].config["agent"]["type"] == "oracle"
+    assert trials[0].config["success_criteria"][0]["type"] == "verifier"
+    assert trials[0].image_digest.startswith("sha256:")
+    task = Task.objects.get()
+    assert task.slug == "hello-world" and task.current_version().yaml_path == "task.toml"
+
+
+def test_it_names_a_harbor_folders_problems_and_exits_2(tmp_path):
+    import io
+    import shutil
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    folder = Path(shutil.copytree(HARBOR / "hello-world", tmp_path / "hello-world"))
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("cpus = 1", "cpu = 1"))
+    (folder / "instruction.md").unlink()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command(
+            "evalrun", str(folder), str(HARBOR / "shout-and-count"), "-T", "none", stdout=io.StringIO()
+        )
+
+    message = str(excinfo.value)
+    assert excinfo.value.returncode == 2
+    assert message.startswith("cannot load the task files: 2 problem(s)")
+    assert f"{folder}/task.toml:17: environment.cpu: unknown key 'cpu'; did you mean 'cpus'?" in message
+    assert f"{folder}/instruction.md: not found" in message
+    assert not Task.objects.exists()

@@ -204,33 +204,3 @@ def test_it_applies_valid_overrides_to_every_trial(smoke):
 def test_it_refuses_an_experiment_that_selects_no_task(smoke):
     with pytest.raises(LaunchError, match="selects no tasks"):
         launch_run(smoke, options=LaunchOptions(tags=["no-such-tag"]))
-
-
-def test_it_refuses_container_tasks_naming_them(tmp_path):
-    from experiments_app.definitions import ImportFailed
-    from experiments_app.models import Task
-    from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
-
-    task = "task_id: boxed\ninitial_prompt: x\nsandbox: {driver: docker, docker: {image: x}}\n"
-    make_task(tmp_path, "boxed", task + "success_criteria: [{type: file_exists, path: a}]\n")
-    # Refused at import, at its line ...
-    with pytest.raises(ImportFailed, match=r"boxed/task.yaml:3: sandbox.docker: .* is not built in evalsite"):
-        import_folder_tasks(tmp_path)
-    # ... and, for a container task stored before this rule, at launch.
-    make_task(
-        tmp_path,
-        "boxed",
-        task.replace("driver: docker, docker: {image: x}", "driver: tempdir")
-        + ("success_criteria: [{type: file_exists, path: a}]\n"),
-    )
-    import_folder_tasks(tmp_path)
-    version = Task.objects.get(slug="boxed").versions.get()
-    version.spec = {**version.spec, "sandbox": {"driver": "docker"}}
-    version.save(update_fields=["spec"])
-    experiment = make_experiment(tmp_path, "experiment_id: boxes\nvariants:\n  - variant_id: a\n")
-
-    with pytest.raises(
-        LaunchError, match=r"boxed × a: .*sandbox\.driver: driver: docker .* runs no container runtime"
-    ):
-        launch_run(experiment)
-    assert not Run.objects.exists()

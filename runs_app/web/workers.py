@@ -39,12 +39,18 @@ def worker_health(run: Run, now) -> dict | None:
         .order_by("host")
     )
     able = [worker for worker in alive if control.may_take(run, worker)]
+    # A container run that no live worker can take waits for one that runs containers, whatever
+    # their code versions.
+    no_containers = control.needs_containers(run) and not any(
+        (worker.capabilities or {}).get("containers") for worker in alive
+    )
     last = Worker.objects.order_by("-last_seen_at").first()
     return {
         "alive": [(worker, running.get(worker.name, 0)) for worker in alive],
         "hosts": list(hosts),
         "none": not alive and not run.n_running,
-        "other_version": bool(alive) and not able and not run.n_running,
+        "other_version": bool(alive) and not able and not run.n_running and not no_containers,
+        "no_containers": bool(alive) and not able and not run.n_running and no_containers,
         "last_seen": last.last_seen_at if last else None,
     }
 

@@ -6,10 +6,15 @@ from experiments_app.definitions import ImportFailed, import_tasks
 
 
 class Command(BaseCommand):
-    help = "Import coder-eval task YAML files or folders (recursive). All or nothing."
+    help = (
+        "Import coder-eval task YAML files and Harbor task folders (task.toml, instruction.md, ...), "
+        "or folders holding them (recursive). All or nothing."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("paths", nargs="+", type=Path, help="task YAML files or folders")
+        parser.add_argument(
+            "paths", nargs="+", type=Path, help="task YAML files, Harbor task folders, or folders of them"
+        )
         parser.add_argument("--set", dest="task_set", help="also add the tasks to this task set")
         parser.add_argument(
             "--root", type=Path, help="folder that relative paths may not leave (default: each argument)"

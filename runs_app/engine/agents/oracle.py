@@ -1,7 +1,10 @@
 """The ``oracle`` agent: applies the task's reference solution, proving the task is solvable.
 
-It runs no process. ``config["reference_path"]`` is the task's extracted reference folder (the
-runner sets it); its files are copied over the workspace in ``prepare``, keeping file modes.
+``config["reference_path"]`` is the task's extracted reference folder (the runner sets it); its
+files are copied over the workspace in ``prepare``, keeping file modes, and no process runs. A
+container task whose reference has a script (Harbor's solution/solve.sh) runs it instead:
+``config["reference_script"]`` is its path in the container (the runner mounts the folder at
+/solution) and ``config["reference_env"]`` its variables.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class OracleAgent(AgentKind):
         source = Path(reference)
         if not source.is_dir():
             raise AgentSetupError(f"oracle agent: the reference folder {source} does not exist")
+        if config.get("reference_script"):
+            env = {str(key): str(value) for key, value in (config.get("reference_env") or {}).items()}
+            return AgentInvocation(argv=["bash", str(config["reference_script"])], stdin=b"", env_extra=env)
         shutil.copytree(source, workspace, dirs_exist_ok=True, symlinks=True)
         return AgentInvocation(argv=None)
 

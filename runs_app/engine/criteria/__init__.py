@@ -28,7 +28,8 @@ Rules (coder-eval's unless noted):
 
 The types are the spec's (`experiments_app.specs.criteria.CRITERION_TYPES`): each has its model
 there and its implementation in one family module here (`files`, `commands`, `cli`,
-`reference`, `judge`, `agent_judge`); the engine refuses to start when the two lists differ.
+`reference`, `judge`, `agent_judge`, `container`); the engine refuses to start when the two lists
+differ.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from experiments_app.specs.criteria import CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
-from runs_app.engine.criteria import agent_judge, cli, commands, files, judge, reference
+from experiments_app.specs.criteria import ALL_CRITERION_TYPES, MODEL_CRITERIA, default_pass_threshold
+from runs_app.engine.criteria import agent_judge, cli, commands, container, files, judge, reference
 from runs_app.engine.criteria.base import (
     CommandOutcome,
     CriterionConfigError,
@@ -85,12 +86,13 @@ BUILTINS = {
         *reference.CRITERIA,
         *judge.CRITERIA,
         *agent_judge.CRITERIA,
+        *container.CRITERIA,
     ]  # fmt: skip
 }
-if set(BUILTINS) != set(CRITERION_TYPES):
+if set(BUILTINS) != set(ALL_CRITERION_TYPES):
     raise ImportError(
-        f"criterion types without an implementation: {sorted(set(CRITERION_TYPES) - set(BUILTINS))}; "
-        f"without a spec: {sorted(set(BUILTINS) - set(CRITERION_TYPES))}"
+        f"criterion types without an implementation: {sorted(set(ALL_CRITERION_TYPES) - set(BUILTINS))}; "
+        f"without a spec: {sorted(set(BUILTINS) - set(ALL_CRITERION_TYPES))}"
     )
 
 
@@ -260,7 +262,13 @@ def weighted_score(results: list[CriterionResult]) -> float:
 
 def grade(criteria: list[dict], ctx: GradingContext) -> GradeResult:
     """Grade every criterion (all of them, even after one crashed, so the page shows each)."""
-    results = [grade_one(index, criterion, ctx) for index, criterion in enumerate(criteria)]
+    graded = [
+        part
+        for index, criterion in enumerate(criteria)
+        for part in container.split_rewards(grade_one(index, criterion, ctx), EPSILON)
+    ]
+    # A verifier's rewards are results of their own: each result has its own place.
+    results = [dataclasses.replace(result, index=place) for place, result in enumerate(graded)]
     errors = [f"criterion {r.index + 1} ({r.type}): {r.error}" for r in results if r.error]
     return GradeResult(
         criteria=results,

@@ -106,6 +106,9 @@ class GradingContext:
     # How a criterion runs an agent as judge (agent_judge): in a copy of the workspace, in the
     # trial's sandbox, through the judge's gateway. None: no worker to run it.
     run_judge_agent: Callable[[JudgeAgentRequest], JudgeAgentRun] | None = None
+    # How a container criterion runs its script (`verifier`): `run_verifier(params)` returns its
+    # rewards by name and details, or raises ValueError (no usable reward). None: not a container.
+    run_verifier: Callable[[dict], tuple[dict[str, float], dict]] | None = None
 
 
 @dataclass

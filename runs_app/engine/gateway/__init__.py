@@ -50,22 +50,25 @@ __all__ = [
 ]
 
 _FORWARDER_SOURCE = Path(__file__).with_name("forwarder.c")
-_FORWARDERS: dict[Path, Path] = {}
+_FORWARDERS: dict[tuple[Path, bool], Path] = {}
 _LOCK = threading.Lock()
 
 
-def forwarder(root: Path) -> Path:
+def forwarder(root: Path, *, static: bool = False) -> Path:
     """The forwarder (`forwarder.c`), built once per host into `root` (the sandbox root, which
     every sandbox uid can reach; a checkout in a 0700 home is not) under a name that changes
-    with its source."""
+    with its source. `static`: linked statically, for containers, whose images may have no C
+    library or another one."""
     with _LOCK:
-        if root not in _FORWARDERS:
+        key = (root, static)
+        if key not in _FORWARDERS:
             digest = hashlib.sha256(_FORWARDER_SOURCE.read_bytes()).hexdigest()[:12]
-            target = root / "bin" / f"evalsite-forward-{digest}"
+            name = f"evalsite-forward-{'static-' if static else ''}{digest}"
+            target = root / "bin" / name
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.chmod(target.parent, 0o711)
-                native.compile_c(_FORWARDER_SOURCE, target, "gcc")
+                native.compile_c(_FORWARDER_SOURCE, target, "gcc (and libc6-dev)", static=static)
                 os.chmod(target, 0o755)
-            _FORWARDERS[root] = target
-        return _FORWARDERS[root]
+            _FORWARDERS[key] = target
+        return _FORWARDERS[key]

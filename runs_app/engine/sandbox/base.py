@@ -8,6 +8,8 @@ A `Sandbox` is one trial's (or one suite's) isolated place to run commands:
 2. `exec(argv, limits=..., env=..., mounts=...)` runs one command of a phase inside it, with
    that phase's limits and the mounts that phase may see, and returns how it ended;
 3. `read_file` / `write_file` move files in and out of the workspace as the sandbox's user;
+   `pull_workspace()` gives it as a host folder (snapshots, diffs, artifacts), and
+   `command_path(path)` says where commands see a host path of the sandbox;
 4. `stop()` kills whatever of the sandbox still runs; `cleanup()` also removes its folders
    (and gives back what `start` took). Both may be called more than once, in any state.
 
@@ -205,6 +207,17 @@ class Sandbox:
         uid = self.started.uid
         if uid is not None:
             os.lchown(path, uid, uid)
+        return path
+
+    def pull_workspace(self) -> Path:
+        """The workspace as a host folder, as it is now: what snapshots, diffs and artifacts
+        read. Here the host folder is the workspace; a driver whose workspace lives elsewhere
+        (a container's own folder) copies it there first."""
+        return self.started.workspace
+
+    def command_path(self, path: Path) -> Path:
+        """Where the sandbox's commands see `path`, a host path of the sandbox (a driver may
+        show the workspace elsewhere): for the variables that name paths."""
         return path
 
     def _inside(self, relative: str) -> Path:

@@ -1,9 +1,10 @@
 """`manage.py evalrun`: run tasks from a terminal or a CI job, with coder-eval's `run` flags.
 
 The run is a normal Run (the dashboard shows it); the worker processes execute it. This command
-imports the task files, launches (or resumes) the run, follows it, prints the comparison summary
-and writes the requested reports. Exit codes: 0 every trial passed and every gate holds, 1 a
-trial failed or errored, a gate failed or the run was cancelled, 2 bad input; 130 on Ctrl-C.
+imports the task files (coder-eval YAML and Harbor task folders alike), launches (or resumes) the
+run, follows it, prints the comparison summary and writes the requested reports. Exit codes: 0
+every trial passed and every gate holds, 1 a trial failed or errored, a gate failed or the run
+was cancelled, 2 bad input; 130 on Ctrl-C.
 """
 
 import contextlib
@@ -64,7 +65,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "task_files", nargs="*", type=Path, metavar="TASK_FILES",
-            help="task YAML files or folders, imported first (default: examples/tasks)",
+            help="task YAML files, Harbor task folders, or folders of them, imported first "
+            "(default: examples/tasks)",
         )  # fmt: skip
         parser.add_argument("-e", "--experiment", help="experiment YAML path, or the slug of an experiment")
         parser.add_argument("--root", type=Path, help="folder the experiment YAML's paths may not leave")

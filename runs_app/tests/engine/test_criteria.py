@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments_app.specs.criteria import CRITERION_TYPES
+from experiments_app.specs.criteria import ALL_CRITERION_TYPES, CRITERION_TYPES
 from runs_app.engine import criteria
 from runs_app.engine.criteria import (
     CommandOutcome,
@@ -615,7 +615,9 @@ def test_it_keeps_grading_after_a_crash_and_reports_the_error(tmp_path):
 
 
 def test_every_type_of_the_spec_has_an_implementation_and_no_other_type_does():
-    assert set(criteria.registry()) == set(CRITERION_TYPES)
+    assert set(criteria.registry()) == set(ALL_CRITERION_TYPES)
+    assert set(ALL_CRITERION_TYPES) - set(CRITERION_TYPES) == {"verifier"}  # graded in a container
+    assert criteria.registry()["verifier"].default_pass_threshold == 1.0
     # Defaults come from the spec's models: the judge's threshold is coder-eval's 0.7.
     assert criteria.registry()["llm_judge"].default_pass_threshold == 0.7
     assert criteria.registry()["file_exists"].default_pass_threshold == 0.9

@@ -1,0 +1,3 @@
+#!/bin/bash
+wc -l < input.txt | tr -d ' ' > count.txt
+tr '[:lower:]' '[:upper:]' < input.txt > upper.txt
