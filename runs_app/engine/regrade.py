@@ -61,7 +61,8 @@ def regrade(
         if artifact is not None:
             restore_workspace(artifact, box.paths.workspace)
         box.provide_environment()
-        box.give_workspace_to_sandbox()
+        box.give_workspace_to_sandbox()  # an image's folder: the artifact is copied in...
+        box.pull_workspace()  # ...and what the file criteria read is the folder as it now is
         trajectory = trial.trajectory or {}
         trace = AgentTrace(
             tool_calls=trajectory.get("tool_calls", []),

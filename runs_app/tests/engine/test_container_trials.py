@@ -456,3 +456,43 @@ def test_an_agent_cli_in_an_image_without_glibc_is_refused_at_launch_or_by_the_w
     trial = Trial.objects.get(run=run)
     assert (trial.status, trial.error_category) == ("error", "environment")
     assert "needs the GNU C library" in trial.error_message
+
+
+REGRADED_TASK = """
+task_id: regraded
+initial_prompt: "Copy the greeting"
+sandbox:
+  driver: docker
+  python: null
+  docker: {{dockerfile_path: env/Dockerfile, working_dir: auto, build: {{args: {{GREETING: hello}}}}}}
+success_criteria:
+  - {{type: file_contains, path: out.txt, includes: [{word}]}}
+  - {{type: run_command, command: "grep -q {word} out.txt"}}
+"""
+
+
+def test_evaluate_regrades_a_container_trial_from_its_kept_image_folder(worker, tmp_path):
+    import io
+
+    from django.core.management import call_command
+
+    make_task(
+        tmp_path, "regraded", REGRADED_TASK.format(word="nothere"), files={"env/Dockerfile": DOCKERFILE}
+    )
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: r\nvariants:\n  - variant_id: a\n    agent: {type: command, command: 'cp greeting.txt out.txt'}\n",
+    )
+    run = wait_for_run(launch_run(experiment, options=LaunchOptions(keep_artifacts=True)), 120, worker)
+    assert run.n_failed == 1, list(Trial.objects.values_list("error_message", flat=True))
+    make_task(tmp_path, "regraded", REGRADED_TASK.format(word="hello"), files={"env/Dockerfile": DOCKERFILE})
+    import_folder_tasks(tmp_path)
+    out = io.StringIO()
+
+    call_command("evaluate", str(run.pk), stdout=out)
+
+    run.refresh_from_db()
+    assert (run.n_passed, run.n_failed) == (1, 0), out.getvalue()
+    latest = Trial.objects.get(run=run, is_latest=True)
+    assert [c.passed for c in latest.criterion_results.order_by("index")] == [True, True]
