@@ -482,7 +482,8 @@ def test_evaluate_regrades_a_container_trial_from_its_kept_image_folder(worker, 
     import_folder_tasks(tmp_path)
     experiment = make_experiment(
         tmp_path,
-        "experiment_id: r\nvariants:\n  - variant_id: a\n    agent: {type: command, command: 'cp greeting.txt out.txt'}\n",
+        "experiment_id: r\nvariants:\n  - variant_id: a\n"
+        "    agent: {type: command, command: 'cp greeting.txt out.txt'}\n",
     )
     run = wait_for_run(launch_run(experiment, options=LaunchOptions(keep_artifacts=True)), 120, worker)
     assert run.n_failed == 1, list(Trial.objects.values_list("error_message", flat=True))
@@ -493,6 +494,7 @@ def test_evaluate_regrades_a_container_trial_from_its_kept_image_folder(worker, 
     call_command("evaluate", str(run.pk), stdout=out)
 
     run.refresh_from_db()
-    assert (run.n_passed, run.n_failed) == (1, 0), out.getvalue()
+    latest = Trial.objects.get(run=run, is_latest=True)
+    assert (run.n_passed, run.n_failed) == (1, 0), (out.getvalue(), latest.error_message)
     latest = Trial.objects.get(run=run, is_latest=True)
     assert [c.passed for c in latest.criterion_results.order_by("index")] == [True, True]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -550,6 +551,17 @@ class ContainerSandbox(Sandbox):
             error = copy.stderr.decode("utf-8", "replace").strip()[-500:]
             raise SandboxError(f"copying the workspace into {self.workdir} failed: {error}")
 
+    def _own_folders(self) -> tuple[PurePosixPath, ...]:
+        """The driver's mount folders inside the image's folder (a worker's runtimes under /work
+        when the image works in /work), relative to it: not the task's files."""
+        assert self.workdir is not None
+        inside = [
+            PurePosixPath(folder)
+            for folder, _ in self._roots
+            if PurePosixPath(folder).is_relative_to(self.workdir)
+        ]
+        return tuple(folder.relative_to(self.workdir) for folder in inside if folder != self.workdir)
+
     def pull_workspace(self, into: Path | None = None) -> Path:
         """In the image's folder mode: copy that folder to `into` (by default the host's
         `paths.workspace`), replaced, for snapshots, diffs and artifacts, and return it. (The
@@ -567,7 +579,9 @@ class ContainerSandbox(Sandbox):
         assert copy.stdout is not None and copy.stderr is not None
         try:
             with tarfile.open(fileobj=copy.stdout, mode="r|") as archive:
-                archive.extractall(target, filter=_mirror_filter)
+                archive.extractall(
+                    target, filter=functools.partial(_mirror_filter, skipped=self._own_folders())
+                )
         except (tarfile.TarError, OSError) as exc:
             copy.kill()
             raise SandboxError(f"copying {self.workdir} out of the container failed: {exc}") from None
@@ -592,10 +606,16 @@ def _client_limits(limits: Limits) -> Limits:
     )  # fmt: skip
 
 
-def _mirror_filter(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
+def _mirror_filter(
+    member: tarfile.TarInfo, destination: str, skipped: tuple[PurePosixPath, ...] = ()
+) -> tarfile.TarInfo | None:
     """What of the container's folder the host's copy takes: tarfile's data filter (no path
     leaving the copy, no device, no setuid bit, no owner), except that a symbolic link is kept
-    whatever it points to, as in a workspace (the engine's snapshots never follow one)."""
+    whatever it points to, as in a workspace (the engine's snapshots never follow one). What is
+    under `skipped` (the driver's own mount folders inside the image's folder) is left out."""
+    name = PurePosixPath(member.name.removeprefix("./"))
+    if any(name == folder or name.is_relative_to(folder) for folder in skipped):
+        return None
     if member.issym():
         return tarfile.tar_filter(member, destination).replace(uid=0, gid=0, uname="", gname="", deep=False)
     return tarfile.data_filter(member, destination)
