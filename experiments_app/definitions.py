@@ -360,6 +360,18 @@ def attachment_base(experiment: Experiment | None) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
+def files_beside_yaml(experiment: Experiment | None) -> list[str]:
+    """The names of the experiment's files that sit beside its YAML (where attachments go):
+    what a variant's `script` usually names."""
+    base = attachment_base(experiment)
+    prefix = f"{base}/" if base else ""
+    return sorted(
+        name[len(prefix) :]
+        for name in bundled_files(experiment)
+        if name.startswith(prefix) and "/" not in name[len(prefix) :] and name != experiment.yaml_path
+    )
+
+
 def _bundle_with(experiment: Experiment | None, attachments: dict[str, bytes]) -> dict:
     base = attachment_base(experiment)
     files = {

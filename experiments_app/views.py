@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from experiments_app import definitions
 from experiments_app import forms as ef
 from experiments_app.models import Experiment, Task, TaskSet
+from experiments_app.specs.attachments import suggested_command
 
 TASK_PAGE_SIZE = 100
 SET_EDITOR_ROWS = 200  # tasks the set editor lists at once (search narrows them)
@@ -76,7 +77,9 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     issues += ef.command_issues(data)
     if spec is not None:
         issues += ef.file_reference_issues(spec, experiment, list(attachment))
-    problems = ef.in_use_issues(experiment, sources, deleted)
+    problems = ef.in_use_issues(experiment, sources, deleted) + _script_problems(
+        form, data, sources, spec, experiment, list(attachment)
+    )
     if spec is None or issues or problems or not fields_ok:
         ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)
         return None
@@ -90,6 +93,23 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
         return None
 
 
+def _script_problems(
+    form, data: dict, sources, spec, experiment: Experiment | None, attached: list[str]
+) -> int:
+    """The attachment trap, on the fields that set it: a file attached that no variant uses, a
+    command that would miss its script. Returns how many problems were found."""
+    files = [*definitions.files_beside_yaml(experiment), *attached]
+    found = 0
+    for index, option, message in ef.script_issues(data, files):
+        variant_form = sources[index].form
+        variant_form.add_error(option if variant_form.cleaned_data.get(option) else "options", message)
+        found += 1
+    for message in ef.unused_attachment_issues(spec, attached) if spec is not None else []:
+        form.add_error("attachment", message)
+        found += 1
+    return found
+
+
 def _form_context(form, formset, experiment: Experiment | None) -> dict:
     selection = ef.TaskSelectionForm(form.data or None, initial=form.initial)
     problems = [
@@ -100,11 +120,14 @@ def _form_context(form, formset, experiment: Experiment | None) -> dict:
         ),
         *(f"variants: {e}" for e in formset.non_form_errors()),
     ] if form.is_bound else []  # fmt: skip
+    files = definitions.files_beside_yaml(experiment)
     return {
         "form": form,
         "formset": formset,
         "experiment": experiment,
         "problems": problems,
+        "experiment_files": files,
+        "command_suggestions": sorted({suggested_command(name) for name in files}),
         **_matching(selection),
     }
 

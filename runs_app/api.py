@@ -25,7 +25,7 @@ from pydantic import AfterValidator, ConfigDict, StringConstraints
 from experiments_app.models import Experiment
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.resolve import OverrideError, parse_overrides
-from runs_app import control
+from runs_app import control, preflight
 from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
@@ -191,6 +191,31 @@ class LaunchIn(Schema):
     any_code_version: bool | None = Field(
         None, description="let workers of any code version run its trials (default: only the web's own)"
     )
+    variants: list[Annotated[str, StringConstraints(pattern=SLUG_PATTERN, max_length=200)]] | None = Field(
+        None, max_length=100, description="run only these variants (default: all of them)"
+    )
+    launch_anyway: bool = Field(
+        False,
+        description="launch even when the pre-flight check finds problems (by default such a launch is "
+        "refused with 409 and each problem)",
+    )
+
+
+class PreflightCheckOut(Schema):
+    variant: str
+    check: str
+    need: str
+    level: Literal["ok", "warn", "fail", "unchecked"]
+    detail: str
+    fix: str
+
+
+class PreflightOut(Schema):
+    ok: bool = Field(description="true when nothing stops a launch")
+    workers: list[str] = Field(description="the live workers that would run its trials")
+    notes: list[str]
+    refused: list[str] = Field(description="why a launch would be refused outright")
+    checks: list[PreflightCheckOut]
 
 
 class CountsOut(Schema):
@@ -300,17 +325,29 @@ def list_experiments(request: HttpRequest):
 def start_run(
     request: HttpRequest, payload: LaunchIn, slug: str = Path(..., max_length=200, pattern=SLUG_PATTERN)
 ):
-    experiment = Experiment.objects.filter(slug=slug).first()
-    if experiment is None:
-        raise ApiError(404, f"no experiment {slug!r}", "slug")
-    options = LaunchOptions(**payload.model_dump(exclude_none=True))
+    experiment = _get_experiment(slug)
+    options = LaunchOptions(**payload.model_dump(exclude_none=True, exclude={"launch_anyway"}))
     try:
         _check_override_repeats(options.overrides)
+        if not payload.launch_anyway:
+            _refuse_on_preflight(experiment, options)
         run = launch_run(experiment, user=request.auth, options=options)
     except RecursionError:
         # A pathologically nested override value (YAML) is bad input, not a server fault.
         raise ApiError(400, "an override value is nested too deeply", "overrides") from None
     return Status(201, _run_out(_get_run(run.pk)))
+
+
+@api.get(
+    "/experiments/{slug}/preflight",
+    response={200: PreflightOut, **ERRORS},
+    summary="Check that the live workers can run each variant, before launching",
+    description="For each variant: its agent's CLI (and the version the workers run), a key for each "
+    "model API it calls (the workers say which APIs they hold a key for, never the keys), the "
+    "capabilities its tasks need, and the files it names. Each problem comes with its fix.",
+)
+def get_preflight(request: HttpRequest, slug: str = Path(..., max_length=200, pattern=SLUG_PATTERN)):
+    return preflight.check(_get_experiment(slug)).to_dict()
 
 
 @api.get(
@@ -371,6 +408,25 @@ def _check_override_repeats(overrides: list[str]) -> None:
         raise LaunchError([str(exc)]) from None
     if isinstance(repeats, int) and repeats > MAX_REPEATS:
         raise ApiError(400, f"repeats={repeats} is more than the API allows ({MAX_REPEATS})", "overrides")
+
+
+def _get_experiment(slug: str) -> Experiment:
+    experiment = Experiment.objects.select_related("baseline").filter(slug=slug).first()
+    if experiment is None:
+        raise ApiError(404, f"no experiment {slug!r}", "slug")
+    return experiment
+
+
+def _refuse_on_preflight(experiment: Experiment, options: LaunchOptions) -> None:
+    problems = preflight.check(experiment, options).problems
+    if problems:
+        raise ApiError(
+            409,
+            "pre-flight found problems: "
+            + "; ".join(row.line for row in problems)
+            + ". Fix them, leave their variants out (variants), or send launch_anyway: true",
+            "preflight",
+        )
 
 
 def _get_run(run_id: int) -> Run:

@@ -446,13 +446,17 @@ class ApiToken(models.Model):
 
 class Worker(models.Model):
     """A Celery worker process, as it last reported itself (the workers page, the run page's
-    banner): its host, how many trials it runs at once, its code and agent CLI versions."""
+    banner, launch pre-flight): its host, how many trials it runs at once, its code and agent
+    CLI versions, and the model providers it holds a key for."""
 
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=200, blank=True)
     slots = models.PositiveIntegerField(default=0)
     code_version = models.CharField(max_length=64, blank=True)
     agent_versions = models.JSONField(default=dict, blank=True)
+    # The names of the providers (`specs.providers`) whose key or token is in its environment:
+    # never the keys themselves.
+    providers = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
 

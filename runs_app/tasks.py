@@ -17,6 +17,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from evalsite.versioning import code_version
+from experiments_app.specs import providers
 from runs_app import control
 from runs_app.engine import hosts, trial_sandbox
 from runs_app.models import Worker
@@ -55,8 +56,8 @@ def record_heartbeat(name: str) -> None:
 def _reap_at_start(sender, **kwargs) -> None:
     """A worker that starts after a crash recovers the dead worker's trials without waiting for
     beat, and removes the sandbox folders they left on this host. Then it reports itself (host,
-    slots, code and agent versions) every WORKER_HEARTBEAT_SECONDS, from its main process (the
-    workers page, the run page's worker banner)."""
+    slots, code and agent versions, the providers it has keys for) every WORKER_HEARTBEAT_SECONDS,
+    from its main process (the workers page, the run page's worker banner, launch pre-flight)."""
     trial_sandbox.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
@@ -72,6 +73,7 @@ SWEEP_EVERY_BEATS = 6
 def _beat(name: str, slots: int) -> None:
     started = timezone.now()
     versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
+    keyed = providers.keyed(os.environ)  # names only: the keys stay in this process
     beats = 0
     while True:
         beats += 1
@@ -87,7 +89,8 @@ def _beat(name: str, slots: int) -> None:
                 name=name,
                 defaults={
                     "hostname": settings.WORKER_HOST, "slots": slots, "code_version": code_version(),
-                    "agent_versions": versions, "started_at": started, "last_seen_at": timezone.now(),
+                    "agent_versions": versions, "providers": keyed, "started_at": started,
+                    "last_seen_at": timezone.now(),
                 },
             )  # fmt: skip
         except Exception:  # a database restart: report on the next beat

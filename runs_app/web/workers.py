@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from runs_app import control
+from runs_app import control, preflight
 from runs_app.models import Run, Trial, Worker
 
 # Workers not heard from for this long are left off the workers page.
@@ -58,7 +58,12 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     running = running_by_worker()
     since = control.alive_since(now)
     rows = [
-        {"worker": worker, "alive": worker.last_seen_at >= since, "running": running.get(worker.name, 0)}
+        {
+            "worker": worker,
+            "alive": worker.last_seen_at >= since,
+            "running": running.get(worker.name, 0),
+            "capabilities": sorted(preflight.offers(worker)["capability"]),
+        }
         for worker in workers
     ]
     by_host = (
