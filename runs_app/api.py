@@ -1,15 +1,14 @@
-"""The HTTP API (django-ninja): start runs, follow them, list their trials, cancel, retry.
+"""The HTTP API (django-ninja), described to its users by DESCRIPTION (the OpenAPI schema at
+/api/openapi.json, the docs at /api/docs, linked from every page's navigation).
 
-Authentication is a personal token only (`Authorization: Bearer <token>`, see tokens.py): no
-session, so browser cookies never authorise an API call and CSRF does not apply. A token acts
-as its user. Runs and experiments are visible to every user (a team tool); who may cancel or
-retry a run is `control.ensure_controllable`'s rule (its starter and staff). Every error is JSON,
+Authentication is a personal token only (`Authorization: Bearer <token>`, `runs_app.tokens`):
+no session, so browser cookies never authorise an API call and CSRF does not apply. Who may
+cancel or retry is `control.ensure_controllable`'s rule. A comparison is `Comparison.to_dict()`,
+the one serialisation the comparison page's JSON download uses too. Every error is JSON,
 `{"detail": message, "field": name or null}`, with a 4xx status.
-
-Schema: /api/openapi.json; interactive docs: /api/docs.
 """
 
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
 from functools import wraps
 from typing import Annotated, Any, Literal
 
@@ -17,6 +16,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
+from django.utils import timezone
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
@@ -27,7 +27,8 @@ from experiments_app.specs import agent_kinds
 from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control, preflight
 from runs_app.analysis import exports
-from runs_app.analysis.load import compare_runs
+from runs_app.analysis.load import compare_runs, comparison, loaded
+from runs_app.analysis.stats.comparison import CLUSTERINGS
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tokens import verify_token
@@ -35,6 +36,7 @@ from runs_app.tokens import verify_token
 # Database integers are signed 64-bit; a larger id in a URL must be a 4xx, not an overflow.
 MAX_ID = 2**63 - 1
 MAX_REPEATS = 100
+MAX_COMPARED_RUNS = 10  # as the comparison page
 SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 TAG_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*(:[a-z0-9]+(-[a-z0-9]+)*)?$"
 
@@ -96,10 +98,43 @@ def _docs_for_members(view: Any) -> Any:
     return wrapper
 
 
-api = NinjaAPI(
+# What the docs page says, in the words of the people who call it.
+DESCRIPTION = """Everything the site shows, for scripts and CI jobs: list experiments, check a launch
+and start runs, follow them, read their trials and their comparisons, cancel and retry.
+
+**Signing in.** Create a personal token on your account page (your name, top right of every page)
+and send it with every request: `Authorization: Bearer evs_…`. A token acts as you; being signed in
+to the site in a browser does not authorise API calls. The same token also opens the site's
+downloads: a comparison's `?format=json` or `?format=csv`, a trial's workspace, an experiment's
+YAML or zip.
+
+**Who may do what.** Everyone signed in sees every experiment and every run, and may launch.
+A run can be cancelled or retried by the person who started it, or by staff. Runs imported from
+coder-eval are read-only.
+
+**Numbers.** A comparison here is exactly what the comparison page shows and downloads: per
+variant (arm), the pass rate with its 95% interval (errors counted apart, never as fails), the
+rate if every error were a fail, mean score, pass@k, tokens, cost and cost per passed trial; and
+each variant against the baseline: the difference in pass rate over the tasks both ran, its
+interval, the smallest difference the run could detect, and a paired test (Holm-adjusted).
+Tasks quarantined as broken are left out, and listed.
+
+**Errors** are JSON, `{"detail": "what went wrong", "field": "the field concerned, or null"}`,
+with a 4xx status: 400 bad input, 401 no or bad token, 403 not yours to change, 404 not found,
+409 not now (a run that has ended, a launch that pre-flight refuses), 422 a field out of range.
+"""
+
+
+class _Api(NinjaAPI):
+    def get_openapi_operation_id(self, operation: Any) -> str:
+        # The endpoint's name ("list_runs"), not the module path it lives in.
+        return operation.view_func.__name__
+
+
+api = _Api(
     title="evalsite API",
     version="1",
-    description=__doc__,
+    description=DESCRIPTION,
     urls_namespace="api",
     auth=TokenAuth(),
     docs_decorator=_docs_for_members,
@@ -302,12 +337,72 @@ class TrialQuery(Schema):
     page: int = Field(1, ge=1, le=1_000_000)
     page_size: int = Field(100, ge=1, le=500)
     format: Literal["json", "csv"] = Field("json", description="csv: every trial of the run, one file")
-    status: Literal[tuple(Trial.Status.values)] | None = None
-    variant: str | None = Field(None, max_length=200, pattern=SLUG_PATTERN)
+    status: Literal[tuple(Trial.Status.values)] | None = Field(None, description="only trials in this state")
+    variant: str | None = Field(None, max_length=200, pattern=SLUG_PATTERN, description="only this variant's")
+
+
+class RunItemOut(Schema):
+    id: int
+    experiment: str
+    status: str
+    historical: bool
+    started_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    counts: CountsOut
+    gates_passed: bool | None = Field(description="null: the run has no gates, or has not ended")
+    url: str
+    comparison_url: str
+
+
+class RunPage(Schema):
+    count: int
+    page: int
+    page_size: int
+    next_page: int | None
+    items: list[RunItemOut]
+
+
+class RunQuery(Schema):
+    experiment: str | None = Field(
+        None, max_length=200, pattern=SLUG_PATTERN, description="only the runs of this experiment (its ID)"
+    )
+    status: Literal[tuple(Run.Status.values)] | None = None
+    since: datetime | date | None = Field(None, description="launched at or after (a date or a time)")
+    until: datetime | date | None = Field(None, description="launched before (a date: before that day ends)")
+    page: int = Field(1, ge=1, le=1_000_000)
+    page_size: int = Field(50, ge=1, le=500)
+
+
+CLUSTER_NAMES = tuple(CLUSTERINGS)
+
+
+class ComparisonQuery(Schema):
+    baseline: str | None = Field(
+        None, max_length=400, description="the arm the others are compared with (default: the run's baseline)"
+    )
+    tag: list[Tag] = Field(
+        default_factory=list, max_length=100, description="only tasks with any of these tags"
+    )
+    cluster: Literal[CLUSTER_NAMES] = Field(
+        "unit",
+        description="what the intervals and tests treat as independent: "
+        + "; ".join(f"{key}: {words}" for key, words in CLUSTERINGS.items()),
+    )
+
+
+class RunsComparisonQuery(ComparisonQuery):
+    runs: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
+        default_factory=list,
+        max_length=MAX_COMPARED_RUNS,
+        description=f"the runs to compare (at most {MAX_COMPARED_RUNS}); default: its latest two",
+    )
 
 
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
-RunId = Path(..., ge=1, le=MAX_ID)
+RunId = Path(..., ge=1, le=MAX_ID, description="the run's number (#12 on the site)")
+Slug = Path(..., max_length=200, pattern=SLUG_PATTERN, description="the experiment's ID (its experiment_id)")
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -322,9 +417,7 @@ def list_experiments(request: HttpRequest):
 @api.post(
     "/experiments/{slug}/runs", response={201: RunOut, **ERRORS}, summary="Start a run of an experiment"
 )
-def start_run(
-    request: HttpRequest, payload: LaunchIn, slug: str = Path(..., max_length=200, pattern=SLUG_PATTERN)
-):
+def start_run(request: HttpRequest, payload: LaunchIn, slug: str = Slug):
     experiment = _get_experiment(slug)
     options = LaunchOptions(**payload.model_dump(exclude_none=True, exclude={"launch_anyway"}))
     try:
@@ -346,7 +439,7 @@ def start_run(
     "model API it calls (the workers say which APIs they hold a key for, never the keys), the "
     "capabilities its tasks need, and the files it names. Each problem comes with its fix.",
 )
-def get_preflight(request: HttpRequest, slug: str = Path(..., max_length=200, pattern=SLUG_PATTERN)):
+def get_preflight(request: HttpRequest, slug: str = Slug):
     return preflight.check(_get_experiment(slug)).to_dict()
 
 
@@ -360,7 +453,7 @@ def get_run(request: HttpRequest, run_id: int = RunId):
 @api.get(
     "/runs/{run_id}/trials",
     response={200: TrialPage, **ERRORS},
-    summary="A run's trials (current attempts), paginated; ?format=csv for a CSV file of all of them",
+    summary="A run's trials (the latest attempt of each), a page at a time; ?format=csv: all in one file",
     openapi_extra={"responses": {200: {"content": {"text/csv": {"schema": {"type": "string"}}}}}},
 )
 def list_trials(request: HttpRequest, query: Query[TrialQuery], run_id: int = RunId):
@@ -378,6 +471,64 @@ def list_trials(request: HttpRequest, query: Query[TrialQuery], run_id: int = Ru
         "next_page": query.page + 1 if more else None,
         "items": list(exports.trial_rows(trials[start : start + query.page_size])),
     }
+
+
+@api.get(
+    "/runs",
+    response={200: RunPage, **ERRORS},
+    summary="List runs, newest first: by experiment, status and launch date",
+)
+def list_runs(request: HttpRequest, query: Query[RunQuery]):
+    runs = Run.objects.listed().select_related("started_by").order_by("-created_at", "-pk")
+    if query.experiment:
+        runs = runs.filter(experiment__slug=query.experiment)
+    if query.status:
+        runs = runs.filter(status=query.status)
+    if query.since is not None:
+        runs = runs.filter(created_at__gte=_moment(query.since))
+    if query.until is not None:
+        runs = runs.filter(created_at__lt=_moment(query.until, end_of_day=True))
+    total = runs.count()
+    start = (query.page - 1) * query.page_size
+    return {
+        "count": total,
+        "page": query.page,
+        "page_size": query.page_size,
+        "next_page": query.page + 1 if start + query.page_size < total else None,
+        "items": [_run_item(run) for run in runs[start : start + query.page_size]],
+    }
+
+
+@api.get(
+    "/runs/{run_id}/comparison",
+    response={200: dict[str, Any], **ERRORS},
+    summary="A run's comparison of its variants",
+    description="The same numbers as the run's comparison page and its JSON download.",
+)
+def run_comparison(request: HttpRequest, query: Query[ComparisonQuery], run_id: int = RunId):
+    return _comparison([_get_run(run_id)], query)
+
+
+@api.get(
+    "/experiments/{slug}/comparison",
+    response={200: dict[str, Any], **ERRORS},
+    summary="Compare several runs of an experiment: one arm per run and variant",
+    description="The same numbers as the experiment's comparison page and its JSON download.",
+)
+def experiment_comparison(
+    request: HttpRequest,
+    query: Query[RunsComparisonQuery],
+    slug: str = Slug,
+):
+    experiment = _get_experiment(slug)
+    runs = Run.objects.filter(experiment=experiment).select_related("experiment")
+    if not query.runs:
+        return _comparison(sorted(runs.newest(2), key=lambda run: run.pk), query)
+    found = {run.pk: run for run in runs.filter(pk__in=query.runs)}
+    missing = [str(pk) for pk in query.runs if pk not in found]
+    if missing:
+        raise ApiError(404, f"not runs of {slug}: {', '.join(missing)}", "runs")
+    return _comparison([found[pk] for pk in dict.fromkeys(query.runs)], query)
 
 
 @api.post("/runs/{run_id}/cancel", response={200: RunOut, **ERRORS}, summary="Cancel a run")
@@ -429,6 +580,22 @@ def _refuse_on_preflight(experiment: Experiment, options: LaunchOptions) -> None
         )
 
 
+def _moment(value: datetime | date, end_of_day: bool = False) -> datetime:
+    """A date or a time as an aware time: a date is its day's start (or the next day's)."""
+    if not isinstance(value, datetime):
+        value = datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min)
+    return value if timezone.is_aware(value) else timezone.make_aware(value)
+
+
+def _comparison(runs: list[Run], query: ComparisonQuery) -> dict:
+    """The comparison of `runs` as its page's JSON download gives it (`Comparison.to_dict`)."""
+    data = loaded(runs)
+    if query.baseline and query.baseline not in {arm.key for arm in data.arms}:
+        keys = ", ".join(arm.key for arm in data.arms) or "none: nothing has run yet"
+        raise ApiError(400, f"no arm {query.baseline!r} (arms: {keys})", "baseline")
+    return comparison(runs, baseline=query.baseline, tags=list(query.tag), cluster=query.cluster).to_dict()
+
+
 def _get_run(run_id: int) -> Run:
     run = Run.objects.select_related("experiment", "started_by").filter(pk=run_id).first()
     if run is None:
@@ -448,6 +615,27 @@ def _experiment_out(experiment: Experiment) -> dict:
             for v in experiment.variants.all()
         ],
         "url": experiment.get_absolute_url(),
+    }
+
+
+def _run_item(run: Run) -> dict:
+    return {
+        "id": run.pk,
+        "experiment": run.experiment.slug,
+        "status": run.status,
+        "historical": run.historical,
+        "started_by": run.started_by.get_username() if run.started_by else None,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "counts": {
+            "trials": run.n_trials,
+            "done": run.n_done,
+            **{name: getattr(run, f"n_{name}") for name in Trial.Status.values},
+        },
+        "gates_passed": run.gates_passed,
+        "url": run.get_absolute_url(),
+        "comparison_url": reverse("api:run_comparison", args=[run.pk]),
     }
 
 

@@ -21,6 +21,10 @@ class RunQuerySet(models.QuerySet):
         )
         return self.order_by(live, "-created_at")
 
+    def newest(self, count: int):
+        """The `count` most recently launched runs (what a comparison of runs shows by default)."""
+        return self.order_by("-created_at", "-pk")[:count]
+
     def mark_started(self, run_id: int) -> int:
         """A queued run becomes running when its first trial is claimed."""
         return self.filter(pk=run_id, status=Run.Status.QUEUED).update(
