@@ -751,6 +751,15 @@ class TaskSetMembersForm(forms.Form):
     tasks = forms.ModelMultipleChoiceField(queryset=Task.objects.all())
 
 
+class ExperimentUploadForm(forms.Form):
+    file = forms.FileField(
+        help_text="An experiment's .zip (from its page's download), or a .yaml naming no files"
+    )
+    replace = forms.BooleanField(
+        required=False, label="Replace an experiment of the same ID", help_text="Its runs are kept"
+    )
+
+
 class TaskUploadForm(forms.Form):
     file = forms.FileField(help_text="A task YAML file, or a .zip of a task folder (or a whole suite)")
 

@@ -91,6 +91,10 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     except definitions.NotAllowed as refusal:
         form.add_error(None, str(refusal))
         return None
+    except definitions.ImportFailed as failed:
+        for issue in failed.issues:
+            form.add_error(None, f"its files cannot be bundled: {issue}")
+        return None
 
 
 def _script_problems(
@@ -160,7 +164,13 @@ def experiment_matching_tasks(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
-    copy = definitions.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
+    try:
+        copy = definitions.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
+    except definitions.ImportFailed as failed:
+        messages.error(
+            request, f"Not duplicated: its files cannot be bundled: {'; '.join(failed.issues[:5])}."
+        )
+        return redirect("experiment_detail", slug=slug)
     messages.success(request, f"Duplicated as {copy.slug}: rename it, change what you want to try, save.")
     return redirect("experiment_edit", slug=copy.slug)
 
@@ -169,11 +179,55 @@ def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def experiment_yaml(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = _get_experiment_for_user(request, slug)
-    response = HttpResponse(
-        definitions.experiment_yaml(experiment), content_type="application/yaml; charset=utf-8"
-    )
+    text = definitions.experiment_yaml(experiment)
+    files = sorted(set(definitions.bundled_files(experiment)) - {experiment.yaml_path})
+    if files:
+        # The YAML alone names files it does not hold: say where the whole experiment is.
+        url = request.build_absolute_uri(reverse("experiment_bundle", args=[experiment.slug]))
+        text = f"# Names files this YAML does not hold ({', '.join(files[:5])}): {url} has them all.\n" + text
+    response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{experiment.slug}.yaml"'
     return response
+
+
+@login_required
+@require_GET
+def experiment_bundle(request: HttpRequest, slug: str) -> HttpResponse:
+    """The experiment and every file it names, in one zip that imports back to the same digest."""
+    experiment = _get_experiment_for_user(request, slug)
+    try:
+        content = definitions.experiment_zip(experiment)
+    except definitions.ImportFailed as failed:
+        messages.error(request, f"{experiment.slug} cannot be bundled: {'; '.join(failed.issues[:5])}")
+        return redirect(experiment)
+    response = HttpResponse(content, content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{experiment.slug}.zip"'
+    return response
+
+
+@login_required
+@require_POST
+def experiment_import(request: HttpRequest) -> HttpResponse:
+    """Upload an experiment (its zip, or a YAML naming no files): checked as `import_experiment`
+    checks a folder, nothing stored on error."""
+    form = ef.ExperimentUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, "Choose an experiment's .zip (or a .yaml file) to upload.")
+        return redirect("experiment_list")
+    try:
+        report = definitions.import_experiment_upload(
+            form.cleaned_data["file"], user=request.user, replace=form.cleaned_data["replace"]
+        )
+    except definitions.ImportFailed as failed:
+        for issue in failed.issues[:20]:
+            messages.error(request, issue)
+        messages.error(request, f"Nothing was imported: {len(failed.issues)} problem(s).")
+        return redirect("experiment_list")
+    for warning in report.warnings:
+        messages.warning(request, warning)
+    verb = "Imported" if report.created else "Replaced"
+    messages.success(request, f"{verb} experiment {report.experiment.slug}.")
+    return redirect(report.experiment)
 
 
 # --- task sets and tasks --------------------------------------------------------------------

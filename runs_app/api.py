@@ -17,11 +17,13 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.utils import timezone
-from ninja import Field, NinjaAPI, Path, Query, Schema, Status
+from ninja import Field, File, Form, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.files import UploadedFile
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, ConfigDict, StringConstraints
 
+from experiments_app.definitions import ImportFailed, experiment_zip, import_experiment_upload
 from experiments_app.models import Experiment
 from experiments_app.specs import agent_kinds
 from experiments_app.specs.resolve import OverrideError, parse_overrides
@@ -209,6 +211,12 @@ class ExperimentOut(Schema):
     repeats: int
     variants: list[VariantOut]
     url: str
+
+
+class ExperimentImportOut(Schema):
+    created: bool = Field(description="false: it replaced an experiment of the same ID")
+    warnings: list[str]
+    experiment: ExperimentOut
 
 
 class LaunchIn(Schema):
@@ -412,6 +420,42 @@ Slug = Path(..., max_length=200, pattern=SLUG_PATTERN, description="the experime
 def list_experiments(request: HttpRequest):
     experiments = Experiment.objects.with_variants().order_by("slug")
     return [_experiment_out(experiment) for experiment in experiments]
+
+
+@api.get(
+    "/experiments/{slug}/bundle",
+    response={200: None, **ERRORS},
+    summary="Download an experiment with every file it names, as one zip",
+    description="The zip uploads (POST /api/experiments) or imports back to the same experiment, with the "
+    "same digest of its files.",
+    openapi_extra={"responses": {200: {"content": {"application/zip": {"schema": {"type": "string"}}}}}},
+)
+def experiment_bundle(request: HttpRequest, slug: str = Slug):
+    experiment = _get_experiment(slug)
+    try:
+        content = experiment_zip(experiment)
+    except ImportFailed as exc:
+        raise ApiError(409, f"{slug} cannot be bundled: " + "; ".join(exc.issues), "slug") from None
+    response = HttpResponse(content, content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{slug}.zip"'
+    return response
+
+
+@api.post(
+    "/experiments",
+    response={201: ExperimentImportOut, **ERRORS},
+    summary="Upload an experiment: its zip (YAML and files), or a YAML naming no files",
+    description="Checked as an import checks a folder; nothing is stored when anything is wrong (400, "
+    "every problem in the detail). An experiment of the same ID is replaced only with replace=true.",
+)
+def upload_experiment(request: HttpRequest, file: File[UploadedFile], replace: Form[bool] = False):
+    try:
+        report = import_experiment_upload(file, user=request.auth, replace=replace)
+    except ImportFailed as exc:
+        raise ApiError(400, "nothing was imported: " + "; ".join(exc.issues), "file") from None
+    experiment = Experiment.objects.with_variants().get(pk=report.experiment.pk)
+    out = {"created": report.created, "warnings": report.warnings, "experiment": _experiment_out(experiment)}
+    return Status(201, out)
 
 
 @api.post(

@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from experiments_app.forms import LaunchForm
+from experiments_app.forms import ExperimentUploadForm, LaunchForm
 from experiments_app.models import Experiment
 from runs_app import preflight
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
@@ -31,7 +31,8 @@ def get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
 @require_GET
 def experiment_list(request: HttpRequest) -> HttpResponse:
     experiments = with_last_run(Experiment.objects.with_variants()).order_by("slug")
-    return render(request, "experiments/experiment_list.html", {"experiments": experiments})
+    ctx = {"experiments": experiments, "upload_form": ExperimentUploadForm()}
+    return render(request, "experiments/experiment_list.html", ctx)
 
 
 @login_required
