@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from evalsite.versioning import code_version
 from experiments_app.specs import providers
-from runs_app import control
+from runs_app import alerts, control, scheduling
 from runs_app.engine import hosts, trial_sandbox
 from runs_app.models import Worker
 
@@ -43,6 +43,16 @@ def hold_suite(self, run_id: int) -> None:
 @shared_task
 def reap_expired_leases() -> None:
     control.reap_expired_leases()
+
+
+@shared_task
+def launch_scheduled_runs() -> None:
+    scheduling.launch_due()
+
+
+@shared_task
+def alert_run(run_id: int) -> None:
+    alerts.alert_run(run_id)
 
 
 @shared_task

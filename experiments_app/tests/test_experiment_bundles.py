@@ -200,24 +200,3 @@ def test_the_command_line_exports_and_imports_the_zip(tmp_path, demo):
 
     assert "Created experiment demo" in out.getvalue()
     assert Experiment.objects.get(slug="demo").bundle_id == stored
-
-
-def test_the_api_downloads_and_uploads_the_zip(client, member, demo):
-    from runs_app.tokens import create_token
-
-    member.groups.add(Group.objects.create(name="agent-authors"))
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {create_token(member, 'ci')[1]}"}
-    download = client.get("/api/experiments/demo/bundle", **auth)
-    assert download.status_code == 200 and download["Content-Type"] == "application/zip"
-    stored = demo.bundle_id
-    demo.delete()
-
-    created = client.post("/api/experiments", {"file": upload(download.content)}, **auth)
-    assert created.status_code == 201, created.content
-    assert created.json()["created"] is True and created.json()["experiment"]["slug"] == "demo"
-    assert Experiment.objects.get(slug="demo").bundle_id == stored
-
-    again = client.post("/api/experiments", {"file": upload(download.content)}, **auth)
-    assert again.status_code == 400 and "exists already" in again.json()["detail"]
-    replaced = client.post("/api/experiments", {"file": upload(download.content), "replace": "true"}, **auth)
-    assert replaced.status_code == 201 and replaced.json()["created"] is False

@@ -342,3 +342,32 @@ def test_it_refuses_a_variant_the_experiment_lacks(client, member_token, smoke):
     data = assert_json_error(start(client, member_token, {"variants": ["nope"]}), 400, "overrides")
 
     assert "has no variant 'nope'" in data["detail"]
+
+
+def test_it_downloads_and_uploads_an_experiments_zip(client, member):
+    from django.contrib.auth.models import Group
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from experiments_app.models import Experiment
+
+    import_tasks([EXAMPLES / "tasks"], task_set="examples")
+    demo = import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES).experiment
+    member.groups.add(Group.objects.create(name="agent-authors"))
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {create_token(member, 'ci')[1]}"}
+    download = client.get("/api/experiments/demo/bundle", **auth)
+    assert download.status_code == 200 and download["Content-Type"] == "application/zip"
+    stored = demo.bundle_id
+    demo.delete()
+
+    def upload(**fields):
+        body = {"file": SimpleUploadedFile("demo.zip", download.content), **fields}
+        return client.post("/api/experiments", body, **auth)
+
+    created = upload()
+    assert created.status_code == 201, created.content
+    assert created.json()["created"] is True and created.json()["experiment"]["slug"] == "demo"
+    assert Experiment.objects.get(slug="demo").bundle_id == stored
+    again = upload()
+    assert again.status_code == 400 and "exists already" in again.json()["detail"]
+    replaced = upload(replace="true")
+    assert replaced.status_code == 201 and replaced.json()["created"] is False

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from runs_app.web import account, compare, experiments, runs, stream, trials, workers
+from runs_app.web import account, compare, experiments, history, runs, stream, trials, workers
 
 urlpatterns = [
     path("", runs.home, name="home"),
@@ -24,6 +24,9 @@ urlpatterns = [
     path("experiments/<slug:slug>/", experiments.experiment_detail, name="experiment_detail"),
     path("experiments/<slug:slug>/launch/", experiments.experiment_launch, name="experiment_launch"),
     path("experiments/<slug:slug>/compare/", compare.experiment_compare, name="experiment_compare"),
+    path("experiments/<slug:slug>/history/", history.experiment_history, name="experiment_history"),
+    path("experiments/<slug:slug>/schedules/", history.schedule_create, name="schedule_create"),
+    path("schedules/<int:schedule_id>/<slug:action>/", history.schedule_action, name="schedule_action"),
     path("workers/", workers.worker_list, name="worker_list"),
     path("account/", account.account_settings, name="account_settings"),
     path("account/tokens/", account.token_create, name="token_create"),
