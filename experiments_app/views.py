@@ -375,5 +375,6 @@ def task_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "versions": task.versions.order_by("-number").only("number", "created_at", "bundle_id", "task_id"),
         "task_sets": task.task_sets.all(),
         "criteria": task.spec.get("success_criteria", []),
+        "quarantine": task.quarantines.active().select_related("created_by").first(),
     }
     return render(request, "experiments/task_detail.html", ctx)

@@ -555,3 +555,25 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} alert: {self.subject}"
+
+
+class TrialNote(models.Model):
+    """A person's label and/or note on a trial (triage: "grader bug", "flaky", why it failed)."""
+
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="notes")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    label = models.CharField(max_length=40, blank=True)
+    text = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        indexes = [
+            # A trial's notes in order (trial page, unit view, the failures page's labels).
+            models.Index(fields=["trial", "created_at"], name="trialnote_trial_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label or 'note'} on trial {self.trial_id}"

@@ -93,13 +93,14 @@ def _history_context(experiment: Experiment, form: ScheduleForm) -> dict[str, An
         .order_by("-created_at", "-pk")[:HISTORY_RUNS]
     )
     runs.reverse()  # oldest first, as the chart reads
-    variants, series = variant_history(runs)
+    variants, series, quarantined = variant_history(runs)
     latest = runs[-1] if runs else None
     schedules = list(experiment.schedules.select_related("created_by").order_by("pk"))
     return {
         "experiment": experiment,
         "runs": runs,
         "variants": variants,
+        "quarantined": quarantined,
         "chart": {
             "id": "chart-history",
             "data_id": "chart-history-data",
@@ -114,21 +115,25 @@ def _history_context(experiment: Experiment, form: ScheduleForm) -> dict[str, An
     }
 
 
-def variant_history(runs: list[Run]) -> tuple[dict[str, list[dict]], dict[str, list]]:
+def variant_history(runs: list[Run]) -> tuple[dict[str, list[dict]], dict[str, list], list[dict]]:
     """Per variant, a row per run (newest first) with the comparison's figures for it, each with
-    a link to compare its run with the last good one before it; and the chart's series."""
+    a link to compare its run with the last good one before it; the chart's series; and the
+    quarantined tasks the figures leave out."""
     rows: dict[str, list[dict]] = {}
     series: dict[str, list] = {}
+    quarantined: dict[str, dict] = {}
     last_good: Run | None = None
     for run in runs:
         # Per run, without its tests (final=False): the rates and intervals are the comparison's.
         result = comparison([run], criteria=False, final=False)
+        quarantined.update((entry["task"], entry) for entry in result.quarantined)
         for arm in result.arms:
             rows.setdefault(arm.variant_slug, []).append(_row(run, arm, last_good))
             series.setdefault(arm.variant_slug, []).append((f"#{run.pk}", arm))
         if run.status == Run.Status.FINISHED and run.gates_passed is not False:
             last_good = run
-    return {variant: list(reversed(found)) for variant, found in rows.items()}, series
+    newest_first = {variant: list(reversed(found)) for variant, found in rows.items()}
+    return newest_first, series, [quarantined[task] for task in sorted(quarantined)]
 
 
 def _row(run: Run, arm, last_good: Run | None) -> dict:

@@ -394,6 +394,8 @@ class Command(BaseCommand):
         self.stdout.write("")
         self.stdout.write(reports.headline(report))
         self.stdout.write(reports.render_text_table(report))
+        for line in reports.quarantine_lines(report):
+            self.stdout.write(line)
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")

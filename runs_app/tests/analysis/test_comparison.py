@@ -321,12 +321,12 @@ def test_it_compares_runs_and_warns_when_a_task_or_its_config_changed():
     assert versus.untested.startswith(f"tasks changed between run #{old.pk} and run #{new.pk} (edited)")
 
 
-def test_it_loads_a_comparison_in_three_queries(django_assert_num_queries):
+def test_it_loads_a_comparison_in_four_queries(django_assert_num_queries):
     experiment = make_experiment(variants=("base", "new", "third"))
     outcomes = {f"t{i}": {"base": "PF", "new": "PP", "third": "FE"} for i in range(5)}
     run = make_run(experiment, outcomes)
     run = Run.objects.select_related("experiment").get(pk=run.pk)
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):  # tallies, task versions, quarantines, variants
         data = load.load([run])
     with django_assert_num_queries(0):
         compare.compare(data)
