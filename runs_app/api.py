@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.request import RawPostDataException
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, File, Form, NinjaAPI, Path, Query, Schema, Status
@@ -162,17 +163,24 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 @api.exception_handler(ValidationError)
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    if request.method in ("POST", "PUT", "PATCH") and not request.body:
+    if request.method in ("POST", "PUT", "PATCH") and _no_body(request):
         return _error(request, 400, "the request needs a JSON body (Content-Type: application/json)")
     problems = [(_field_name(err.get("loc", ())), str(err.get("msg", "invalid"))) for err in exc.errors]
     detail = "; ".join(f"{field}: {msg}" if field else msg for field, msg in problems) or "invalid request"
     return _error(request, 422, detail, problems[0][0] if problems else None)
 
 
+def _no_body(request: HttpRequest) -> bool:
+    try:
+        return not request.body
+    except RawPostDataException:  # a form upload, already read as its fields: it had one
+        return False
+
+
 def _field_name(loc: tuple | list) -> str | None:
     """`("body", "payload", "repeats")` -> "repeats"; `("query", "page")` -> "page"."""
     parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form", "file"):
         parts = parts[1:]
     if parts and parts[0] == "payload":  # the body as a whole: no field to name
         parts = parts[1:]

@@ -137,3 +137,40 @@ def worker_reported() -> bool:
     from runs_app.models import Worker
 
     return Worker.objects.exclude(hostname="").exists()
+
+
+def test_a_file_attached_in_the_form_is_offered_as_the_script_and_its_command(
+    page,  # noqa: F811
+    live_server,
+    tmp_path,
+    member,
+):
+    member.is_staff = True  # staff may define command agents
+    member.save()
+    script = tmp_path / "agent.py"
+    script.write_text("open('out.txt', 'w').write('done')\n")
+    page.goto(live_server.url + reverse("experiment_create"))
+    page.fill("#id_experiment_id", "attached")
+    page.fill("#id_include_tags", "smoke")
+    page.fill("#id_variants-0-variant_id", "reference")
+    page.select_option("#id_variants-0-agent_type", "oracle")
+    page.fill("#id_variants-1-variant_id", "scripted")
+    page.select_option("#id_variants-1-agent_type", "command")
+
+    page.set_input_files("#id_attachment", str(script))
+
+    expect(page.locator('#experiment-files option[value="agent.py"]')).to_have_count(1)
+    expect(page.locator('#command-suggestions option[value="python3 {script}"]')).to_have_count(1)
+    # The trap: a command naming the file as if it were in the workspace is refused, with the fix.
+    page.fill("#id_variants-1-command", "python3 agent.py")
+    page.click("#experiment-form button[type=submit]")
+    problems = page.locator('[data-testid="form-problems"]')
+    expect(problems).to_contain_text("agent.py is a file of the experiment, not of the task's workspace")
+    expect(problems).to_contain_text("e.g. python3 {script}")
+    # The fix the form offers: the script, and {script} in the command.
+    page.set_input_files("#id_attachment", str(script))
+    page.fill("#id_variants-1-script", "agent.py")
+    page.fill("#id_variants-1-command", "python3 {script}")
+    page.click("#experiment-form button[type=submit]")
+    expect(page.locator(".message.success")).to_contain_text("Saved experiment attached")
+    expect(page.locator('[data-testid="preflight"]')).to_be_visible()

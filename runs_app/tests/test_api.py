@@ -371,3 +371,11 @@ def test_it_downloads_and_uploads_an_experiments_zip(client, member):
     assert again.status_code == 400 and "exists already" in again.json()["detail"]
     replaced = upload(replace="true")
     assert replaced.status_code == 201 and replaced.json()["created"] is False
+
+
+def test_it_answers_an_upload_without_its_file_with_422_json(client, member_token):
+    response = client.post(
+        "/api/experiments", {"replace": "true"}, HTTP_AUTHORIZATION=f"Bearer {member_token}"
+    )
+
+    assert_json_error(response, 422, "file")
