@@ -19,7 +19,7 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 
-from runs_app.models import Alert, Run, Schedule
+from runs_app.models import Alert, Run, Schedule, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,10 @@ def _post(url: str, message: dict) -> str:
     )
     try:
         with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT) as response:
-            return f"posted to {url}: HTTP {response.status}"
+            return f"posted to {shown_url(url)}: HTTP {response.status}"
     except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"{url} answered HTTP {exc.code}") from None
+        raise RuntimeError(f"{shown_url(url)} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        # The reason only: its text may hold the address, secret path and all.
+        reason = getattr(exc, "reason", exc)
+        raise RuntimeError(f"{shown_url(url)} could not be reached ({type(reason).__name__})") from None

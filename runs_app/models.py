@@ -1,3 +1,5 @@
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Case, Count, IntegerField, OuterRef, Q, Subquery, Value, When
@@ -486,6 +488,13 @@ class Worker(models.Model):
         return self.name
 
 
+def shown_url(url: str) -> str:
+    """A webhook's address as pages and records show it: its scheme and host only. A chat
+    webhook carries its secret in the path (whoever holds the URL may post to the channel)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…" if parts.netloc else "(a webhook)"
+
+
 class ScheduleQuerySet(models.QuerySet):
     def due(self, now):
         """Enabled schedules whose next launch time has come."""
@@ -527,6 +536,10 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.experiment.slug} at {self.cron}"
+
+    @property
+    def webhook_shown(self) -> str:
+        return shown_url(self.webhook_url) if self.webhook_url else ""
 
 
 class Alert(models.Model):

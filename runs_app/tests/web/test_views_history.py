@@ -130,3 +130,14 @@ def test_only_its_author_or_staff_change_a_schedule(client, member, outsider, ad
     client.force_login(admin_user)
     client.post(url("delete"))
     assert not Schedule.objects.exists()
+
+
+def test_a_webhooks_secret_path_is_never_shown(member_client, member):
+    Schedule.objects.create(
+        experiment=smoke_experiment(), cron="@nightly", created_by=member,
+        webhook_url="https://hooks.example.com/services/T000/B000/s3cr3t", next_run_at=timezone.now(),
+    )  # fmt: skip
+
+    page = member_client.get(reverse("experiment_history", args=["smoke"])).content.decode()
+
+    assert "https://hooks.example.com/…" in page and "s3cr3t" not in page
