@@ -151,6 +151,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A personal API token opens downloads (GET) as its user, as it opens the API.
+    "runs_app.tokens.TokenDownloads",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -463,12 +465,38 @@ AGENT_AUTHORS_GROUP = env_str("AGENT_AUTHORS_GROUP", "agent-authors")
 # A launch never creates more trials than this (a typo in `repeats` must not fill the database).
 MAX_TRIALS_PER_RUN = env_int("MAX_TRIALS_PER_RUN", 200_000, minimum=1)
 
+# How often beat looks for scheduled runs whose time has come (a schedule's run starts at most
+# this long after its time).
+SCHEDULE_TICK_SECONDS = env_float("SCHEDULE_TICK_SECONDS", 30.0, minimum=0.5)
+
 CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {
         "task": "runs_app.tasks.reap_expired_leases",
         "schedule": REAPER_INTERVAL_SECONDS,
     },
+    "launch-scheduled-runs": {
+        "task": "runs_app.tasks.launch_scheduled_runs",
+        "schedule": SCHEDULE_TICK_SECONDS,
+    },
 }
+
+# Alerts of scheduled runs. E-mail goes through EMAIL_HOST's SMTP server; without one it is
+# written to the worker's log (Django's console backend), so nothing is lost silently.
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 20, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "evalsite@localhost")
+# A webhook that does not answer within this many seconds counts as not delivered.
+ALERT_WEBHOOK_TIMEOUT = env_float("ALERT_WEBHOOK_TIMEOUT", 10.0, minimum=0.5)
 
 LOGGING = {
     "version": 1,

@@ -7,6 +7,7 @@ A TaskVersion is only ever made by `Task.add_version`, so a task's `version` is 
 """
 
 import io
+import json
 import tempfile
 import zipfile
 import zlib
@@ -22,7 +23,13 @@ from django.utils.text import slugify
 
 from experiments_app.models import Bundle, Experiment, Task, TaskSet, TaskVersion, Variant
 from experiments_app.specs import ExperimentSpec
-from experiments_app.specs.bundles import make_bundle, read_bundle, write_bundle_files
+from experiments_app.specs.bundles import (
+    UnsafeBundle,
+    check_member_name,
+    make_bundle,
+    read_bundle,
+    write_bundle_files,
+)
 from experiments_app.specs.loading import LoadedTask, SpecIssue, load_experiment, load_tasks
 
 # Variant fields with their own columns; every other layer field lands in `overrides`.
@@ -228,9 +235,18 @@ class ExperimentImportReport:
 
 
 def import_experiment(
-    path: Path, *, root: Path | None = None, lenient: bool = False
+    path: Path,
+    *,
+    root: Path | None = None,
+    lenient: bool = False,
+    user=None,
+    replace: bool = True,
+    name: str | None = None,
 ) -> ExperimentImportReport:
-    """Store one experiment YAML and its variants (replacing the variants it no longer lists)."""
+    """Store one experiment YAML and its variants (replacing the variants it no longer lists).
+    From the site (`user` given), a command agent or agent secrets need the right to define them;
+    without `replace`, an experiment of the same ID is left as it is and the import refused.
+    `name` (an exported zip's) is the name shown instead of the ID."""
     result = load_experiment(
         Path(path), root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES, lenient=lenient
     )
@@ -243,18 +259,30 @@ def import_experiment(
         raise ImportFailed(
             [f"{loaded.source_path}: task_sets: no task set named {name!r}" for name in missing_sets]
         )
+    existing = Experiment.objects.filter(slug=spec.experiment_id).first()
+    if existing is not None and not replace:
+        raise ImportFailed(
+            [f"{loaded.source_path}: experiment_id: an experiment {spec.experiment_id!r} exists already: "
+             "import it as a replacement, or change its experiment_id"]
+        )  # fmt: skip
+    if user is not None:
+        try:
+            _check_agent_changes(spec, existing, user)
+        except NotAllowed as refusal:
+            raise ImportFailed([f"{loaded.source_path}: {refusal}"]) from None
+    columns = {
+        **_experiment_fields(spec),
+        **({"name": name} if name is not None else {}),
+        "source_yaml": loaded.source_yaml,
+        "yaml_path": loaded.yaml_path_in_bundle,
+        "bundle_id": loaded.bundle.digest,
+    }
     with transaction.atomic():
         Bundle.objects.get_or_create(
             digest=loaded.bundle.digest, defaults={"data": loaded.bundle.blob, "size": loaded.bundle.size}
         )
         experiment, created = Experiment.objects.update_or_create(
-            slug=spec.experiment_id,
-            defaults={
-                **_experiment_fields(spec),
-                "source_yaml": loaded.source_yaml,
-                "yaml_path": loaded.yaml_path_in_bundle,
-                "bundle_id": loaded.bundle.digest,
-            },
+            slug=spec.experiment_id, defaults=columns, create_defaults={**columns, "created_by": user}
         )
         experiment.task_sets.set(TaskSet.objects.filter(name__in=spec.task_sets))
         _store_variants(experiment, loaded)
@@ -324,17 +352,23 @@ def save_experiment(
     user=None,
     attachments: dict[str, bytes] | None = None,
 ) -> Experiment:
-    """Store a spec validated by the experiment form the way `import_experiment` stores a file.
-    `attachments` (file name -> content: an agent's script) join the experiment's bundle, beside
+    """Store a spec validated by the experiment form the way `import_experiment` stores a file:
+    its bundle is what importing its YAML with its files gives (`_store_bundle`).
+    `attachments` (file name -> content: an agent's script) join the experiment's files, beside
     its YAML, where the variants' paths point. Raises NotAllowed when `user` defines a command
-    agent or agent secrets without the right."""
+    agent or agent secrets without the right, ImportFailed when its files cannot be bundled."""
     _check_agent_changes(spec, experiment, user)
     fields = {"name": name, **_experiment_fields(spec)}
-    if attachments:
-        fields.update(_bundle_with(experiment, attachments))
+    base = attachment_base(experiment)
+    files = {
+        **bundled_files(experiment),
+        **{(f"{base}/{k}" if base else k): v for k, v in (attachments or {}).items()},
+    }
     with transaction.atomic():
         if experiment is None:
-            experiment = Experiment.objects.create(slug=spec.experiment_id, created_by=user, **fields)
+            experiment = Experiment.objects.create(
+                slug=spec.experiment_id, created_by=user, yaml_path="experiment.yaml", **fields
+            )
         else:
             for key, value in fields.items():
                 setattr(experiment, key, value)
@@ -342,8 +376,7 @@ def save_experiment(
         experiment.task_sets.set(TaskSet.objects.filter(name__in=spec.task_sets))
         loaded = SimpleNamespace(spec=spec, variant_prompts={}, source_path="the experiment form")
         _store_variants(experiment, loaded)
-        experiment.source_yaml = experiment_yaml(experiment)
-        experiment.save(update_fields=["source_yaml"])
+        _store_bundle(experiment, files)
     return experiment
 
 
@@ -360,15 +393,43 @@ def attachment_base(experiment: Experiment | None) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-def _bundle_with(experiment: Experiment | None, attachments: dict[str, bytes]) -> dict:
+def files_beside_yaml(experiment: Experiment | None) -> list[str]:
+    """The names of the experiment's files that sit beside its YAML (where attachments go):
+    what a variant's `script` usually names."""
     base = attachment_base(experiment)
-    files = {
-        **bundled_files(experiment),
-        **{(f"{base}/{k}" if base else k): v for k, v in attachments.items()},
-    }
-    blob = make_bundle(files, settings.TASK_BUNDLE_MAX_BYTES)
-    Bundle.objects.get_or_create(digest=blob.digest, defaults={"data": blob.blob, "size": blob.size})
-    return {"bundle_id": blob.digest, "yaml_path": experiment.yaml_path if experiment else "experiment.yaml"}
+    prefix = f"{base}/" if base else ""
+    return sorted(
+        name[len(prefix) :]
+        for name in bundled_files(experiment)
+        if name.startswith(prefix) and "/" not in name[len(prefix) :] and name != experiment.yaml_path
+    )
+
+
+def _store_bundle(experiment: Experiment, files: dict[str, bytes]) -> None:
+    """Store the experiment's YAML as it now stands, and its bundle as importing that YAML with
+    `files` beside it gives: the files its variants name, nothing else. So a download of it (YAML
+    and files in one zip) imports back to the same digest."""
+    experiment.source_yaml = experiment_yaml(experiment)
+    experiment.yaml_path = experiment.yaml_path or "experiment.yaml"
+    files = {**files, experiment.yaml_path: experiment.source_yaml.encode()}
+    loaded = load_bundled(files, experiment.yaml_path)
+    Bundle.objects.get_or_create(
+        digest=loaded.bundle.digest, defaults={"data": loaded.bundle.blob, "size": loaded.bundle.size}
+    )
+    experiment.bundle_id = loaded.bundle.digest
+    experiment.save(update_fields=["source_yaml", "yaml_path", "bundle"])
+
+
+def load_bundled(files: dict[str, bytes], yaml_path: str):
+    """Load an experiment from its files (path in the bundle -> content) as an import of a folder
+    holding them would: the loaded experiment, or ImportFailed naming the files as given."""
+    with tempfile.TemporaryDirectory(prefix="evalsite-experiment-") as tmp:
+        root = Path(tmp)
+        write_bundle_files(files, root)
+        result = load_experiment(root / yaml_path, root=root, max_bundle_bytes=settings.TASK_BUNDLE_MAX_BYTES)
+        if result.errors or result.experiment is None:
+            raise ImportFailed([str(issue).replace(f"{root}/", "") for issue in result.errors])
+        return result.experiment
 
 
 def experiment_spec_data(experiment: Experiment) -> dict:
@@ -435,8 +496,8 @@ def duplicate_experiment(experiment: Experiment, user=None) -> Experiment:
             variant.save()
             if variant.slug == baseline_slug:
                 copy.baseline = variant
-        copy.source_yaml = experiment_yaml(copy)
-        copy.save(update_fields=["baseline", "source_yaml"])
+        copy.save(update_fields=["baseline"])
+        _store_bundle(copy, bundled_files(experiment))
     return copy
 
 
@@ -487,6 +548,123 @@ def add_recorded_variants(
         experiment.baseline = existing[baseline]
         experiment.save(update_fields=["baseline"])
     return existing
+
+
+# --- experiment bundles: the experiment and its files in one zip ---------------------------
+
+# The zip's table of contents: which of its files is the experiment's YAML, its name, and the
+# digest its bundle had when it was made (an import says if its files changed since).
+MANIFEST = "evalsite-experiment.json"
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # every entry's: the same experiment gives the same bytes
+
+
+def experiment_zip(experiment: Experiment) -> bytes:
+    """The experiment's YAML as it stands and every file it names, laid out as in its bundle, with
+    the manifest: importing the zip (site, API or `import_experiment`) gives the same experiment
+    with the same bundle digest."""
+    yaml_path = experiment.yaml_path or "experiment.yaml"
+    text = experiment.source_yaml or experiment_yaml(experiment)
+    loaded = load_bundled({**bundled_files(experiment), yaml_path: text.encode()}, yaml_path)
+    manifest = {
+        "format": 1,
+        "experiment_id": experiment.slug,
+        "name": experiment.name,
+        "experiment": loaded.yaml_path_in_bundle,
+        "digest": loaded.bundle.digest,
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in [
+            *sorted(loaded.files.items()),
+            (MANIFEST, json.dumps(manifest, indent=1).encode()),
+        ]:
+            info = zipfile.ZipInfo(name, ZIP_DATE)
+            info.external_attr = (0o755 if content.startswith(b"#!") else 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, content)
+    return buffer.getvalue()
+
+
+def import_experiment_upload(upload, *, user=None, replace: bool = False) -> ExperimentImportReport:
+    """Import an uploaded experiment: a zip made by `experiment_zip` (or any zip holding one
+    experiment YAML and the files it names), or a lone YAML file. All or nothing: unpacked into
+    a private folder with every entry checked (no path leaves it, no link, a size cap), loaded and
+    checked as `import_experiment` checks a folder, stored in one transaction."""
+    name = Path(upload.name or "upload").name
+    if upload.size > settings.TASK_BUNDLE_MAX_BYTES:
+        raise ImportFailed([f"{name}: the upload is larger than {settings.TASK_BUNDLE_MAX_BYTES} bytes"])
+    with tempfile.TemporaryDirectory(prefix="evalsite-upload-") as tmp:
+        root = Path(tmp)
+        if name.endswith(".zip"):
+            _unzip(upload, root, name, settings.TASK_BUNDLE_MAX_BYTES)
+            manifest = _manifest(root, name)
+            yaml_path = manifest.get("experiment") or _only_yaml(root, name)
+        elif name.endswith((".yaml", ".yml")):
+            (root / name).write_bytes(upload.read())
+            manifest, yaml_path = {}, name
+        else:
+            raise ImportFailed(
+                [f"{name}: expected an experiment's .zip (its YAML and files) or a .yaml file"]
+            )
+        try:
+            report = import_experiment(
+                root / yaml_path, root=root, user=user, replace=replace, name=manifest.get("name")
+            )
+        except ImportFailed as exc:
+            raise ImportFailed([issue.replace(f"{root}/", "") for issue in exc.issues]) from None
+    if manifest.get("digest") and manifest["digest"] != report.experiment.bundle_id:
+        report.warnings.append(
+            f"{name}: its files differ from those it was exported with (bundle "
+            f"{report.experiment.bundle_id[:12]}, exported as {str(manifest['digest'])[:12]})"
+        )
+    return report
+
+
+def _manifest(root: Path, name: str) -> dict:
+    path = root / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ImportFailed([f"{name}: {MANIFEST}: not valid JSON ({exc})"]) from None
+    yaml_path = manifest.get("experiment") if isinstance(manifest, dict) else None
+    if not isinstance(yaml_path, str) or not _is_member(root, yaml_path):
+        raise ImportFailed(
+            [f"{name}: {MANIFEST}: experiment: name the experiment's YAML file inside the zip"]
+        )
+    if not isinstance(manifest.get("name", ""), str):
+        raise ImportFailed([f"{name}: {MANIFEST}: name: expected text"])
+    return manifest
+
+
+def _is_member(root: Path, relative: str) -> bool:
+    try:
+        check_member_name(relative)
+    except UnsafeBundle:
+        return False
+    return (root / relative).is_file()
+
+
+def _only_yaml(root: Path, name: str) -> str:
+    """The zip's one experiment YAML (a file with an experiment_id at its top)."""
+    found = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("*"))
+        if path.suffix in (".yaml", ".yml") and path.is_file() and _names_an_experiment(path)
+    ]
+    if len(found) != 1:
+        what = (
+            "no experiment YAML" if not found else f"{len(found)} experiment YAMLs ({', '.join(found[:5])})"
+        )
+        raise ImportFailed([f"{name}: {what}: a zip holds one experiment (and the files it names)"])
+    return found[0]
+
+
+def _names_an_experiment(path: Path) -> bool:
+    with path.open("rb") as handle:
+        head = handle.read(64 * 1024)
+    return b"experiment_id" in head
 
 
 # --- uploads (the admin and the task-set page) ------------------------------------------------

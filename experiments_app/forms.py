@@ -18,7 +18,7 @@ from django import forms
 from pydantic import ValidationError
 
 from experiments_app.models import Experiment, Task, TaskSet, Variant
-from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_kinds
+from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_kinds, attachments
 from experiments_app.specs.bundles import read_bundle
 from experiments_app.specs.loading import layer_refs
 from experiments_app.specs.providers import PROVIDERS
@@ -102,8 +102,8 @@ class ExperimentForm(forms.Form):
     attachment = forms.FileField(
         required=False,
         label="Attach a file",
-        help_text="A script or prompt file the variants name (e.g. the command agent's `script: agent.py`); "
-        "it joins the experiment's files",
+        help_text="A script or prompt file a variant names: a command variant's Script (its command "
+        "then runs it as {script}); it joins the experiment's files",
     )
 
     def clean_attachment(self):
@@ -167,7 +167,7 @@ class ExperimentForm(forms.Form):
 TYPED_OPTIONS = {
     name: agent_kinds.kinds_reading(name)
     for name in ("permission_mode", "allowed_tools", "max_turns", "sandbox", "reasoning_effort", "command",
-                 "prompt_via")
+                 "script", "prompt_via")
 }  # fmt: skip
 # Typed options whose value is a list, typed as "a, b".
 LIST_OPTIONS = ("allowed_tools",)
@@ -229,7 +229,16 @@ class VariantForm(forms.Form):
         choices=[("", "the model's default"), *((v, v) for v in ("minimal", "low", "medium", "high"))],
     )
     command = forms.CharField(
-        required=False, max_length=2000, help_text="What to run, with sh -c, e.g. python3 agent.py"
+        required=False,
+        max_length=2000,
+        help_text="What to run, with sh -c; {script} stands for the script below, e.g. python3 {script}",
+        widget=forms.TextInput(attrs={"list": "command-suggestions", "autocomplete": "off"}),
+    )
+    script = forms.CharField(
+        required=False,
+        max_length=500,
+        help_text="A file of the experiment (attach it above) that the command runs as {script}",
+        widget=forms.TextInput(attrs={"list": "experiment-files", "autocomplete": "off"}),
     )
     prompt_via = forms.ChoiceField(
         required=False,
@@ -545,6 +554,35 @@ def command_issues(data: dict) -> list[tuple[Loc, str]]:
     return issues
 
 
+def script_issues(data: dict, files: list[str]) -> list[tuple[int, str, str]]:
+    """(variant index, option, message) for each command variant that would miss its script
+    (`specs.attachments`): read from the form's data, with the experiment's `files` (names
+    beside its YAML: attached now or before)."""
+    defaults = data.get("defaults") or {}
+    default_agent = defaults.get("agent") if isinstance(defaults.get("agent"), dict) else {}
+    issues = []
+    for i, variant in enumerate(data.get("variants") or []):
+        agent = variant.get("agent") if isinstance(variant.get("agent"), dict) else {}
+        merged = {**default_agent, **agent}
+        if merged.get("type") == "command":
+            issues += [(i, option, message) for option, message in attachments.script_problems(merged, files)]
+    return issues
+
+
+def unused_attachment_issues(spec: ExperimentSpec, attached: list[str]) -> list[str]:
+    """An attached file no layer names would only sit in the bundle, and a command written to run
+    it would not find it: refused, saying how to use it."""
+    refs = layer_refs(spec.defaults, ("defaults",))
+    for i, variant in enumerate(spec.variants):
+        refs += layer_refs(variant, ("variants", i))
+    return [
+        f"{name} is attached but no variant uses it: choose it as a command variant's Script (its "
+        f"command then runs it as {attachments.PLACEHOLDER}, e.g. {attachments.suggested_command(name)}), "
+        "or do not attach it"
+        for name in attachments.unused_files(attached, [ref.raw for ref in refs])
+    ]
+
+
 def file_reference_issues(
     spec: ExperimentSpec, experiment: Experiment | None, attached: list[str] | None = None
 ) -> list[tuple[Loc, str]]:
@@ -684,9 +722,17 @@ class LaunchForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "code"}),
         help_text="One path=value per line, e.g. run_limits.task_timeout=120",
     )
+    variants = forms.CharField(
+        required=False, max_length=2000, help_text="Only these variants, comma-separated; empty: all"
+    )
+    # Set by "Launch anyway": the pre-flight's problems were shown and accepted.
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
     def clean_overrides(self) -> list[str]:
         return [line.strip() for line in self.cleaned_data["overrides"].splitlines() if line.strip()]
+
+    def clean_variants(self) -> list[str] | None:
+        return split_tags(self.cleaned_data["variants"]) or None
 
 
 class TaskSetForm(forms.ModelForm):
@@ -703,6 +749,15 @@ class TaskSetMembersForm(forms.Form):
 
     action = forms.ChoiceField(choices=[("add", "Add to the set"), ("remove", "Remove from the set")])
     tasks = forms.ModelMultipleChoiceField(queryset=Task.objects.all())
+
+
+class ExperimentUploadForm(forms.Form):
+    file = forms.FileField(
+        help_text="An experiment's .zip (from its page's download), or a .yaml naming no files"
+    )
+    replace = forms.BooleanField(
+        required=False, label="Replace an experiment of the same ID", help_text="Its runs are kept"
+    )
 
 
 class TaskUploadForm(forms.Form):

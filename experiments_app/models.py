@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
 from django.urls import reverse
 
 from experiments_app.specs.task import TASK_ID_RE
@@ -239,3 +240,39 @@ class Variant(models.Model):
         if self.prompt_mutations:
             data["prompt_mutations"] = self.prompt_mutations
         return data
+
+
+class QuarantineQuerySet(models.QuerySet):
+    def active(self):
+        """Quarantines in force (not lifted)."""
+        return self.filter(lifted_at__isnull=True)
+
+
+class Quarantine(models.Model):
+    """A task set aside as broken: left out of every comparison (pass rates, gates, reports),
+    with its reason shown wherever it is left out, until lifted. Runs still run it."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="quarantines")
+    reason = models.TextField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = QuarantineQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            # At most one quarantine in force per task; serves "is this task quarantined".
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(lifted_at__isnull=True), name="quarantine_one_active_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task.slug} quarantined: {self.reason}"

@@ -6,12 +6,14 @@ from experiments_app import views
 # evalsite/urls.py includes these first, so "new" is never taken for an experiment ID.
 urlpatterns = [
     path("experiments/new/", views.experiment_create, name="experiment_create"),
+    path("experiments/new/upload/", views.experiment_import, name="experiment_import"),
     path(
         "experiments/new/matching-tasks/", views.experiment_matching_tasks, name="experiment_matching_tasks"
     ),
     path("experiments/<slug:slug>/edit/", views.experiment_edit, name="experiment_edit"),
     path("experiments/<slug:slug>/duplicate/", views.experiment_duplicate, name="experiment_duplicate"),
     path("experiments/<slug:slug>/yaml/", views.experiment_yaml, name="experiment_yaml"),
+    path("experiments/<slug:slug>/bundle/", views.experiment_bundle, name="experiment_bundle"),
     path("task-sets/", views.taskset_list, name="taskset_list"),
     path("task-sets/new/", views.taskset_create, name="taskset_create"),
     path("task-sets/<slug:name>/", views.taskset_detail, name="taskset_detail"),

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from experiments_app import definitions
 from experiments_app import forms as ef
 from experiments_app.models import Experiment, Task, TaskSet
+from experiments_app.specs.attachments import suggested_command
 
 TASK_PAGE_SIZE = 100
 SET_EDITOR_ROWS = 200  # tasks the set editor lists at once (search narrows them)
@@ -76,7 +77,9 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     issues += ef.command_issues(data)
     if spec is not None:
         issues += ef.file_reference_issues(spec, experiment, list(attachment))
-    problems = ef.in_use_issues(experiment, sources, deleted)
+    problems = ef.in_use_issues(experiment, sources, deleted) + _script_problems(
+        form, data, sources, spec, experiment, list(attachment)
+    )
     if spec is None or issues or problems or not fields_ok:
         ef.apply_issues(issues, form, formset, sources, skip_bad_fields=not fields_ok)
         return None
@@ -88,6 +91,27 @@ def _save(request: HttpRequest, form, formset, experiment: Experiment | None, fi
     except definitions.NotAllowed as refusal:
         form.add_error(None, str(refusal))
         return None
+    except definitions.ImportFailed as failed:
+        for issue in failed.issues:
+            form.add_error(None, f"its files cannot be bundled: {issue}")
+        return None
+
+
+def _script_problems(
+    form, data: dict, sources, spec, experiment: Experiment | None, attached: list[str]
+) -> int:
+    """The attachment trap, on the fields that set it: a file attached that no variant uses, a
+    command that would miss its script. Returns how many problems were found."""
+    files = [*definitions.files_beside_yaml(experiment), *attached]
+    found = 0
+    for index, option, message in ef.script_issues(data, files):
+        variant_form = sources[index].form
+        variant_form.add_error(option if variant_form.cleaned_data.get(option) else "options", message)
+        found += 1
+    for message in ef.unused_attachment_issues(spec, attached) if spec is not None else []:
+        form.add_error("attachment", message)
+        found += 1
+    return found
 
 
 def _form_context(form, formset, experiment: Experiment | None) -> dict:
@@ -100,11 +124,14 @@ def _form_context(form, formset, experiment: Experiment | None) -> dict:
         ),
         *(f"variants: {e}" for e in formset.non_form_errors()),
     ] if form.is_bound else []  # fmt: skip
+    files = definitions.files_beside_yaml(experiment)
     return {
         "form": form,
         "formset": formset,
         "experiment": experiment,
         "problems": problems,
+        "experiment_files": files,
+        "command_suggestions": sorted({suggested_command(name) for name in files}),
         **_matching(selection),
     }
 
@@ -137,7 +164,13 @@ def experiment_matching_tasks(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
-    copy = definitions.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
+    try:
+        copy = definitions.duplicate_experiment(_get_experiment_for_user(request, slug), user=request.user)
+    except definitions.ImportFailed as failed:
+        messages.error(
+            request, f"Not duplicated: its files cannot be bundled: {'; '.join(failed.issues[:5])}."
+        )
+        return redirect("experiment_detail", slug=slug)
     messages.success(request, f"Duplicated as {copy.slug}: rename it, change what you want to try, save.")
     return redirect("experiment_edit", slug=copy.slug)
 
@@ -146,11 +179,55 @@ def experiment_duplicate(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def experiment_yaml(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = _get_experiment_for_user(request, slug)
-    response = HttpResponse(
-        definitions.experiment_yaml(experiment), content_type="application/yaml; charset=utf-8"
-    )
+    text = definitions.experiment_yaml(experiment)
+    files = sorted(set(definitions.bundled_files(experiment)) - {experiment.yaml_path})
+    if files:
+        # The YAML alone names files it does not hold: say where the whole experiment is.
+        url = request.build_absolute_uri(reverse("experiment_bundle", args=[experiment.slug]))
+        text = f"# Names files this YAML does not hold ({', '.join(files[:5])}): {url} has them all.\n" + text
+    response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{experiment.slug}.yaml"'
     return response
+
+
+@login_required
+@require_GET
+def experiment_bundle(request: HttpRequest, slug: str) -> HttpResponse:
+    """The experiment and every file it names, in one zip that imports back to the same digest."""
+    experiment = _get_experiment_for_user(request, slug)
+    try:
+        content = definitions.experiment_zip(experiment)
+    except definitions.ImportFailed as failed:
+        messages.error(request, f"{experiment.slug} cannot be bundled: {'; '.join(failed.issues[:5])}")
+        return redirect(experiment)
+    response = HttpResponse(content, content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{experiment.slug}.zip"'
+    return response
+
+
+@login_required
+@require_POST
+def experiment_import(request: HttpRequest) -> HttpResponse:
+    """Upload an experiment (its zip, or a YAML naming no files): checked as `import_experiment`
+    checks a folder, nothing stored on error."""
+    form = ef.ExperimentUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, "Choose an experiment's .zip (or a .yaml file) to upload.")
+        return redirect("experiment_list")
+    try:
+        report = definitions.import_experiment_upload(
+            form.cleaned_data["file"], user=request.user, replace=form.cleaned_data["replace"]
+        )
+    except definitions.ImportFailed as failed:
+        for issue in failed.issues[:20]:
+            messages.error(request, issue)
+        messages.error(request, f"Nothing was imported: {len(failed.issues)} problem(s).")
+        return redirect("experiment_list")
+    for warning in report.warnings:
+        messages.warning(request, warning)
+    verb = "Imported" if report.created else "Replaced"
+    messages.success(request, f"{verb} experiment {report.experiment.slug}.")
+    return redirect(report.experiment)
 
 
 # --- task sets and tasks --------------------------------------------------------------------
@@ -298,5 +375,6 @@ def task_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "versions": task.versions.order_by("-number").only("number", "created_at", "bundle_id", "task_id"),
         "task_sets": task.task_sets.all(),
         "criteria": task.spec.get("success_criteria", []),
+        "quarantine": task.quarantines.active().select_related("created_by").first(),
     }
     return render(request, "experiments/task_detail.html", ctx)

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 EXECUTE_TRIAL = "runs_app.tasks.execute_trial"
 DISPATCH_RUN = "runs_app.tasks.dispatch_run"
 HOLD_SUITE = "runs_app.tasks.hold_suite"
+ALERT_RUN = "runs_app.tasks.alert_run"
 # How long a worker process keeps running reserved trials of one run before it goes back to
 # the broker (where other runs' trials wait their turn).
 CHAIN_SECONDS = 2.0
@@ -350,6 +351,8 @@ def finish_run(run_id: int) -> Run:
         run.gates_passed = gates.all_passed(gate_results)
         run.save(update_fields=["status", "finished_at", "suite_results", "gate_results", "gates_passed"])
         live.publish(run_id)
+        if run.schedule_id is not None:  # its gates decide whether its schedule alerts
+            transaction.on_commit(partial(current_app.send_task, ALERT_RUN, args=(run_id,)))
     logger.info("run %s %s: %s passed, %s failed, %s errors", run.pk, run.status, run.n_passed,
                 run.n_failed, run.n_error)  # fmt: skip
     return run

@@ -64,6 +64,7 @@ class LaunchOptions:
     agent_type: str | None = None  # -T: for every variant
     model: str | None = None  # -m: for every variant
     any_code_version: bool = False  # let workers of other code versions take its trials
+    variants: list[str] | None = None  # only these variants (e.g. leaving out one pre-flight refused)
 
 
 def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
@@ -138,7 +139,7 @@ def _resolved_trials(
     LaunchError lists every task × variant that cannot resolve."""
     overrides = _override_layer(options)
     versions = _selected_versions(experiment, options, seed)
-    variants = list(experiment.variants.order_by("position", "pk"))
+    variants = launched_variants(experiment, options)
     if not variants:
         raise LaunchError([f"experiment {experiment.slug} has no variants"])
     if not versions:
@@ -155,6 +156,25 @@ def _resolved_trials(
     if problems:
         raise LaunchError(problems)
     return versions, variants, trials
+
+
+def launched_variants(experiment: Experiment, options: LaunchOptions) -> list[Variant]:
+    """The experiment's variants a launch runs: all of them, or those `options.variants` names
+    (in the experiment's order); a name it does not have is a LaunchError."""
+    variants = list(experiment.variants.order_by("position", "pk"))
+    if options.variants is None:
+        return variants
+    known = {variant.slug for variant in variants}
+    unknown = [name for name in options.variants if name not in known]
+    if unknown:
+        listed = ", ".join(sorted(known))
+        raise LaunchError(
+            [f"experiment {experiment.slug} has no variant {name!r} (its variants: {listed})"
+             for name in unknown]
+        )  # fmt: skip
+    if not options.variants:
+        raise LaunchError(["name at least one variant to launch"])
+    return [variant for variant in variants if variant.slug in options.variants]
 
 
 def preview_trials(experiment: Experiment, options: LaunchOptions | None = None) -> list[Trial]:
@@ -182,6 +202,7 @@ def rerun_options(run: Run) -> LaunchOptions:
         keep_artifacts=run.keep_artifacts,
         agent_type=chosen.get("agent_type"),
         model=chosen.get("model"),
+        variants=chosen.get("variants"),
     )
 
 
@@ -193,7 +214,7 @@ def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> pl
     seed = options.seed if options.seed is not None else 0
     versions = _selected_versions(experiment, options, seed)
     units = sum(len(_dataset_rows(version, options, seed)) for version in versions)
-    variants = list(experiment.variants.all())
+    variants = launched_variants(experiment, options)
     repeats = options.repeats or min((v.effective_repeats() for v in variants), default=1)
     model = planning.ASSUMED
     pilot = experiment.runs.filter(status=Run.Status.FINISHED).order_by("-finished_at", "-pk").first()
@@ -372,7 +393,10 @@ def _frozen_config(experiment, variants, versions, options: LaunchOptions, seed:
             "bundle": experiment.bundle_id,
             "yaml_path": experiment.yaml_path,
         },
-        "baseline": experiment.baseline.slug if experiment.baseline else variants[0].slug,
+        # A launch that leaves the baseline out compares with its first variant.
+        "baseline": experiment.baseline.slug
+        if experiment.baseline and experiment.baseline in variants
+        else variants[0].slug,
         "variants": [
             {"slug": v.slug, "layer": v.layer(), "repeats": v.effective_repeats()} for v in variants
         ],
@@ -385,6 +409,7 @@ def _frozen_config(experiment, variants, versions, options: LaunchOptions, seed:
             "include_skipped": options.include_skipped,
             "agent_type": options.agent_type,
             "model": options.model,
+            "variants": options.variants,
         },
         "seed": seed,
         "evalsite": evalsite.__version__,

@@ -1,3 +1,5 @@
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Case, Count, IntegerField, OuterRef, Q, Subquery, Value, When
@@ -20,6 +22,21 @@ class RunQuerySet(models.QuerySet):
             output_field=IntegerField(),
         )
         return self.order_by(live, "-created_at")
+
+    def last_good(self, experiment_id: int, before: "Run | None" = None):
+        """The newest run of the experiment that ended well, launched before `before` (when given):
+        finished, not cancelled, and every gate held (a run without gates: it finished). What
+        "compare with the last good run" and an alert's link compare with."""
+        runs = self.filter(experiment_id=experiment_id, status=Run.Status.FINISHED).exclude(
+            gates_passed=False
+        )
+        if before is not None:
+            runs = runs.filter(created_at__lte=before.created_at).exclude(pk=before.pk)
+        return runs.order_by("-created_at", "-pk").first()
+
+    def newest(self, count: int):
+        """The `count` most recently launched runs (what a comparison of runs shows by default)."""
+        return self.order_by("-created_at", "-pk")[:count]
 
     def mark_started(self, run_id: int) -> int:
         """A queued run becomes running when its first trial is claimed."""
@@ -100,6 +117,10 @@ class Run(models.Model):
     gates_passed = models.BooleanField(null=True)
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    # The schedule that launched it: its end may send that schedule's alert.
+    schedule = models.ForeignKey(
+        "Schedule", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -455,8 +476,8 @@ class ApiToken(models.Model):
 
 class Worker(models.Model):
     """A Celery worker process, as it last reported itself (the workers page, the run page's
-    banner): its host, how many trials it runs at once, its code and agent CLI versions, and
-    whether it takes container trials."""
+    banner, launch pre-flight): its host, how many trials it runs at once, its code and agent
+    CLI versions, the model providers it holds a key for, and whether it takes container trials."""
 
     name = models.CharField(max_length=200, unique=True)
     hostname = models.CharField(max_length=200, blank=True)
@@ -466,6 +487,9 @@ class Worker(models.Model):
     # {"containers": true, "engine": "docker 20.10.24", "images": [...], "missing": [...]} or
     # {"containers": false, "reason": "..."} (engine.hosts.container_engine).
     capabilities = models.JSONField(default=dict, blank=True)
+    # The names of the providers (`specs.providers`) whose key or token is in its environment:
+    # never the keys themselves.
+    providers = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
 
@@ -474,3 +498,107 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+def shown_url(url: str) -> str:
+    """A webhook's address as pages and records show it: its scheme and host only. A chat
+    webhook carries its secret in the path (whoever holds the URL may post to the channel)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…" if parts.netloc else "(a webhook)"
+
+
+class ScheduleQuerySet(models.QuerySet):
+    def due(self, now):
+        """Enabled schedules whose next launch time has come."""
+        return self.filter(enabled=True, next_run_at__lte=now)
+
+
+class Schedule(models.Model):
+    """Runs of an experiment launched at the times a cron expression names (Celery beat checks
+    `due` schedules, `runs_app.scheduling`); each run's end may send an alert by e-mail and/or
+    webhook (`runs_app.alerts`), decided by the run's gates."""
+
+    class AlertOn(models.TextChoices):
+        FAILURE = "failure", "when a gate fails, or the run stops early or cannot start"
+        ALWAYS = "always", "after every run"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="schedules")
+    cron = models.CharField(max_length=100, help_text="minute hour day-of-month month day-of-week")
+    overrides = models.JSONField(default=list, blank=True, help_text="path=value strings for each run")
+    enabled = models.BooleanField(default=True)
+    alert_on = models.CharField(max_length=16, choices=AlertOn.choices, default=AlertOn.FAILURE)
+    emails = models.JSONField(default=list, blank=True)
+    webhook_url = models.URLField(max_length=500, blank=True)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    # Why its last launch did not happen (pre-flight, a launch error), in words; "" once one did.
+    last_error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["experiment", "pk"]
+        indexes = [
+            # Beat's tick: enabled schedules whose next launch time has come.
+            models.Index(fields=["enabled", "next_run_at"], name="schedule_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.experiment.slug} at {self.cron}"
+
+    @property
+    def webhook_shown(self) -> str:
+        return shown_url(self.webhook_url) if self.webhook_url else ""
+
+
+class Alert(models.Model):
+    """One alert sent (or tried) for a scheduled run, on one channel: at most one per run and
+    channel, so a run that two workers finish alerts once."""
+
+    class Channel(models.TextChoices):
+        EMAIL = "email"
+        WEBHOOK = "webhook"
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="alerts")
+    # None: the run could not be launched (that is the alert).
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    subject = models.TextField()
+    delivered = models.BooleanField(default=False)
+    detail = models.TextField(blank=True, help_text="To whom, or why it could not be delivered")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            # One alert per run and channel; also serves a run's alerts (run first).
+            models.UniqueConstraint(fields=["run", "channel"], name="alert_run_channel_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} alert: {self.subject}"
+
+
+class TrialNote(models.Model):
+    """A person's label and/or note on a trial (triage: "grader bug", "flaky", why it failed)."""
+
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="notes")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    label = models.CharField(max_length=40, blank=True)
+    text = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        indexes = [
+            # A trial's notes in order (trial page, unit view, the failures page's labels).
+            models.Index(fields=["trial", "created_at"], name="trialnote_trial_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label or 'note'} on trial {self.trial_id}"

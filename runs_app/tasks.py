@@ -17,7 +17,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from evalsite.versioning import code_version, worker_queues
-from runs_app import control
+from experiments_app.specs import providers
+from runs_app import alerts, control, scheduling
 from runs_app.engine import hosts, trial_sandbox
 from runs_app.models import Worker
 
@@ -42,6 +43,16 @@ def hold_suite(self, run_id: int) -> None:
 @shared_task
 def reap_expired_leases() -> None:
     control.reap_expired_leases()
+
+
+@shared_task
+def launch_scheduled_runs() -> None:
+    scheduling.launch_due()
+
+
+@shared_task
+def alert_run(run_id: int) -> None:
+    alerts.alert_run(run_id)
 
 
 @shared_task
@@ -73,9 +84,9 @@ def _take_container_trials(sender, instance, **kwargs) -> None:
 def _reap_at_start(sender, **kwargs) -> None:
     """A worker that starts after a crash recovers the dead worker's trials without waiting for
     beat, and removes the sandbox folders they left on this host. Then it reports itself (host,
-    slots, code and agent versions, whether it runs containers) every WORKER_HEARTBEAT_SECONDS,
-    from its main process (the workers page, the run page's worker banner, launches of container
-    tasks)."""
+    slots, code and agent versions, the providers it has keys for, whether it runs containers)
+    every WORKER_HEARTBEAT_SECONDS, from its main process (the workers page, the run page's worker
+    banner, launch pre-flight, launches of container tasks)."""
     trial_sandbox.sweep_sandboxes()
     reap_expired_leases.delay()
     record_heartbeat.delay(sender.hostname)
@@ -92,6 +103,7 @@ def _beat(name: str, slots: int) -> None:
     started = timezone.now()
     versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
     found = _engine_at_start
+    keyed = providers.keyed(os.environ)  # names only: the keys stay in this process
     beats = 0
     while True:
         beats += 1
@@ -109,7 +121,8 @@ def _beat(name: str, slots: int) -> None:
                 name=name,
                 defaults={
                     "hostname": settings.WORKER_HOST, "slots": slots, "code_version": code_version(),
-                    "agent_versions": versions, "started_at": started, "last_seen_at": timezone.now(),
+                    "agent_versions": versions, "providers": keyed, "started_at": started,
+                    "last_seen_at": timezone.now(),
                     "capabilities": hosts.capabilities(_engine_at_start, found),
                 },
             )  # fmt: skip

@@ -1,5 +1,6 @@
 """Personal API tokens: created once (the raw token is shown to its owner a single time),
-stored only as a sha256, checked on every API request, revoked by their owner or an admin.
+stored only as a sha256, checked on every API request and download, revoked by their owner or
+an admin.
 """
 
 import hashlib
@@ -7,7 +8,10 @@ import secrets
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.deprecation import MiddlewareMixin
 
 from runs_app.models import ApiToken
 
@@ -57,3 +61,26 @@ def _touch(token: ApiToken) -> None:
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_PRECISION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+
+
+class TokenDownloads(MiddlewareMixin):
+    """A personal token opens the site's downloads as it opens the API: a GET (or HEAD) carrying
+    `Authorization: Bearer <token>` acts as the token's user, so a pipeline fetches a comparison's
+    JSON or CSV, a trial's workspace or an experiment's zip with the token it calls the API with,
+    instead of being sent to the sign-in page. It never signs anyone in (no session), and a page
+    that changes something (a POST) still needs a session and its CSRF token. A bad token is a
+    401, not the sign-in page. The API checks its own tokens."""
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or request.method not in ("GET", "HEAD"):
+            return None
+        if request.path.startswith(reverse("api:api-root")):
+            return None
+        token = verify_token(raw.strip())
+        if token is None:
+            response = JsonResponse({"detail": "invalid or revoked API token", "field": None}, status=401)
+            response["WWW-Authenticate"] = "Bearer"
+            return response
+        request.user = token.user
+        return None

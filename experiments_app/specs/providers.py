@@ -8,6 +8,7 @@ here; nothing else names a key variable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -25,6 +26,15 @@ class Provider:
     # A role's request path below the endpoint and its default model; "" when roles cannot use it.
     role_path: str = ""
     role_model: str = ""
+
+    def credential(self, environ: Mapping[str, str]) -> tuple[str, bool]:
+        """The key a worker holds for this API in `environ`, and whether it is the token
+        variable's (sent as a bearer token); ("", False) when it holds none."""
+        if environ.get(self.key_variable):
+            return environ[self.key_variable], False
+        if self.token_variable and environ.get(self.token_variable):
+            return environ[self.token_variable], True
+        return "", False
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -56,6 +66,12 @@ PROVIDERS: dict[str, Provider] = {
     )
 }  # fmt: skip
 ROLE_PROVIDERS = tuple(name for name, provider in PROVIDERS.items() if provider.role_path)
+
+
+def keyed(environ: Mapping[str, str]) -> list[str]:
+    """The providers a worker holds a key (or token) for: what it reports of itself, never the
+    keys themselves (the workers page, launch pre-flight)."""
+    return [name for name, provider in PROVIDERS.items() if provider.credential(environ)[0]]
 
 
 def key_variables() -> list[str]:

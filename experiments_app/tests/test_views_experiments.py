@@ -409,3 +409,65 @@ def test_a_script_attached_in_the_form_joins_the_bundle_and_its_variant_may_name
     experiment = Experiment.objects.get(slug="ab-test")
     assert read_bundle(bytes(experiment.bundle.data))["agent.py"] == b"print('hi')\n"
     assert experiment.variants.get(slug="scripted").agent["script"] == "agent.py"
+
+
+def _attached(name: str = "agent.py"):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile(name, b"open('out.txt', 'w').write('x')\n")
+
+
+def test_a_file_attached_that_no_variant_uses_is_refused_with_how_to_use_it(admin_client):
+    smoke_experiment()
+    data = _form_data(_variant(0, "reference", "oracle"), _variant(1, "mine", "command", command="true"))
+
+    refused = admin_client.post(reverse("experiment_create"), {**data, "attachment": _attached()})
+
+    assert refused.status_code == 200 and not Experiment.objects.filter(slug="ab-test").exists()
+    [error] = refused.context["form"].errors["attachment"]
+    assert error.startswith("agent.py is attached but no variant uses it: choose it as a command variant's")
+    assert "e.g. python3 {script}" in error
+
+
+def test_a_command_naming_the_attached_file_is_refused_with_the_fix(admin_client):
+    smoke_experiment()
+    variant = _variant(1, "mine", "command", command="python3 agent.py", script="agent.py")
+    data = _form_data(_variant(0, "reference", "oracle"), variant)
+
+    refused = admin_client.post(reverse("experiment_create"), {**data, "attachment": _attached()})
+
+    [error] = refused.context["formset"][1].errors["command"]
+    assert "the command never says {script}, so the script agent.py would not run" in error
+    assert not Experiment.objects.filter(slug="ab-test").exists()
+
+    no_script = _variant(1, "mine", "command", command="python3 agent.py")
+    refused = admin_client.post(
+        reverse("experiment_create"),
+        {**_form_data(_variant(0, "reference", "oracle"), no_script), "attachment": _attached()},
+    )
+    assert any(
+        "agent.py is a file of the experiment, not of the task's workspace" in error
+        for error in refused.context["formset"][1].errors["command"]
+    )
+
+
+def test_the_script_field_names_the_attachment_and_the_form_offers_it(admin_client):
+    smoke_experiment()
+    variant = _variant(1, "mine", "command", command="python3 {script}", script="agent.py")
+    data = _form_data(_variant(0, "reference", "oracle"), variant)
+
+    saved = admin_client.post(reverse("experiment_create"), {**data, "attachment": _attached()})
+
+    assert saved.status_code == 302, saved.context and saved.context["problems"]
+    experiment = Experiment.objects.get(slug="ab-test")
+    assert experiment.variants.get(slug="mine").agent == {
+        "type": "command", "command": "python3 {script}", "script": "agent.py",
+    }  # fmt: skip
+    edit = admin_client.get(reverse("experiment_edit", args=["ab-test"]))
+    page = edit.content.decode()
+    assert '<datalist id="experiment-files"><option value="agent.py"></datalist>' in page
+    assert '<datalist id="command-suggestions"><option value="python3 {script}"></datalist>' in page
+    assert edit.context["formset"][1]["script"].value() == "agent.py"
+    # Saved again unchanged: no new attachment, and the stored one still counts as used.
+    again = admin_client.post(reverse("experiment_edit", args=["ab-test"]), _post_data_of(edit))
+    assert again.status_code == 302, again.context and again.context["problems"]

@@ -1,8 +1,9 @@
 """What the comparison and the gates read from the database.
 
-1. `load(runs)` runs three queries: the runs' unit tallies (the current trials summed per
+1. `load(runs)` runs four queries: the runs' unit tallies (the current trials summed per
    (run, variant, task version, dataset row) with each criterion's passes, kept by `rollup`),
-   then the task versions and the variants they name.
+   then the task versions, the quarantines in force among their tasks (left out), and the
+   variants they name.
 2. `analysis.compare.compare(data, baseline=…, tags=…)` computes everything else in Python.
 
 `compare_runs(runs, …)` does both; `run_facts(run, suites)` is what the gates judge. A page
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evalsite.keyed_locks import Recent
-from experiments_app.models import TaskVersion, Variant
+from experiments_app.models import Quarantine, TaskVersion, Variant
 from runs_app.analysis import rollup
 from runs_app.analysis.stats.compare import compare
 from runs_app.analysis.stats.comparison import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit
@@ -27,8 +28,9 @@ from runs_app.models import Run, UnitTally
 
 
 def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
-    """Read what a comparison of `runs` needs from their unit tallies (see `rollup`): three
-    queries, whatever the number of trials; a 100,000-trial run is a few thousand rows.
+    """Read what a comparison of `runs` needs from their unit tallies (see `rollup`): four
+    queries, whatever the number of trials; a 100,000-trial run is a few thousand rows. Tasks
+    quarantined as broken are left out here, and listed (`_without_quarantined`).
 
     Durations are summed per unit: an exact median over 100,000 trials would need every
     duration read again, more than the rest of the statistics together.
@@ -41,6 +43,7 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
             "pk", "task_id", "task__slug", "task__tags", "bundle_id"
         )
     }
+    rows, versions, quarantined = _without_quarantined(rows, versions)
     variants = {
         row["pk"]: row
         for row in Variant.objects.filter(pk__in={row[1] for row in rows}).values("pk", "slug", "position")
@@ -81,7 +84,33 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
             for run in runs
             for variant_id, parts in (run.components or {}).items()
         },
+        quarantined=quarantined,
     )
+
+
+def _without_quarantined(
+    rows: list[tuple], versions: dict[int, dict]
+) -> tuple[list[tuple], dict, list[dict]]:
+    """The one place a quarantined task leaves the numbers: its tallies and versions are dropped
+    before any figure is computed (rates, intervals, Δ, gates, reports, charts), and it is listed
+    with its reason. (Quarantining bumps the runs' tally versions, so no comparison outlives it.)"""
+    present = {version["task_id"] for version in versions.values()}
+    active = Quarantine.objects.active().filter(task_id__in=present).select_related("task", "created_by")
+    found = {quarantine.task_id: quarantine for quarantine in active}
+    if not found:
+        return rows, versions, []
+    kept = [row for row in rows if versions[row[2]]["task_id"] not in found]
+    kept_versions = {pk: version for pk, version in versions.items() if version["task_id"] not in found}
+    listed = [
+        {
+            "task": quarantine.task.slug,
+            "reason": quarantine.reason,
+            "by": quarantine.created_by.get_username() if quarantine.created_by else "",
+            "since": quarantine.created_at.isoformat(),
+        }
+        for quarantine in sorted(found.values(), key=lambda q: q.task.slug)
+    ]
+    return kept, kept_versions, listed
 
 
 def _arms(runs: Sequence[Run], rows: list[tuple], variants: dict[int, dict]) -> list[Arm]:

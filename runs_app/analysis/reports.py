@@ -51,6 +51,8 @@ def build_report(run: Run, *, figures: bool = False, unsuccessful: int | None = 
         "method": summary.method,
         "variants": [_variant_row(arm, summary) for arm in summary.arms],
         "warnings": list(summary.warnings),
+        # Tasks set aside as broken: left out of every number above, each with its reason.
+        "quarantined": list(summary.quarantined),
         "gates": list(run.gate_results),
         "gates_passed": run.gates_passed,
         "suites": list(run.suite_results),
@@ -298,12 +300,24 @@ def headline(report: dict[str, Any]) -> str:
     return text
 
 
+def quarantine_lines(report: dict[str, Any]) -> list[str]:
+    """What the numbers leave out, in words: one line per quarantined task."""
+    return [
+        f"Left out of these numbers: {entry['task']} (quarantined"
+        f"{' by ' + entry['by'] if entry.get('by') else ''} {entry['since'][:10]}: {entry['reason']})"
+        for entry in report.get("quarantined") or []
+    ]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     run = report["run"]
     lines = [f"# Run {run['id']}: {_md_cell(run['experiment'])}", "", _md_cell(headline(report)), ""]
     lines += [f"Link: <{run['url']}>", "", "## Summary", "", *_md_table(summary_rows(report)), ""]
     lines += [f"- {_md_cell(warning)}" for warning in report["warnings"]] + (
         [""] if report["warnings"] else []
+    )
+    lines += [f"- {_md_cell(line)}" for line in quarantine_lines(report)] + (
+        [""] if report.get("quarantined") else []
     )
     if report["gates"]:
         gates = [["gate", "result", "detail"]]

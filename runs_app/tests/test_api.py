@@ -290,3 +290,92 @@ def test_only_staff_and_agent_authors_run_command_agents_or_name_secrets(client,
     assert response.status_code == 400
     assert "may run a command agent or hand agents secrets" in response.json()["detail"]
     assert not Run.objects.exists()
+
+
+@pytest.fixture
+def demo_without_keys():
+    from django.utils import timezone
+
+    from evalsite.versioning import code_version
+    from runs_app.models import Worker
+
+    import_tasks([EXAMPLES / "tasks"])
+    Worker.objects.create(
+        name="w1@host-a",
+        hostname="host-a",
+        code_version=code_version(),
+        last_seen_at=timezone.now(),
+        agent_versions={"claude-code": "2.0.1"},
+    )
+    return import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES).experiment
+
+
+def test_it_checks_a_launch_before_it_starts(client, member_token, demo_without_keys):
+    response = call(client, "get", "/api/experiments/demo/preflight", member_token)
+
+    assert response.status_code == 200
+    data = response.json()
+    assert data["ok"] is False and data["workers"] == ["w1@host-a"]
+    [key] = [check for check in data["checks"] if check["check"] == "API key"]
+    assert (key["variant"], key["level"]) == ("claude", "fail")
+    assert "ANTHROPIC_API_KEY" in key["fix"]
+    assert "sk-" not in response.content.decode()
+
+
+def test_it_refuses_a_launch_with_pre_flight_problems_unless_told(client, member_token, demo_without_keys):
+    refused = start(client, member_token, slug="demo")
+
+    data = assert_json_error(refused, 409, "preflight")
+    assert "claude: a key for anthropic (ANTHROPIC_API_KEY): no live worker has it" in data["detail"]
+    assert not Run.objects.exists()
+
+    without = start(client, member_token, {"variants": ["reference", "no-op"]}, slug="demo")
+    assert without.status_code == 201, without.content
+    anyway = start(client, member_token, {"launch_anyway": True}, slug="demo")
+    assert anyway.status_code == 201, anyway.content
+    two, four = Run.objects.order_by("pk")
+    assert four.n_trials == 2 * two.n_trials  # four variants, not two
+    assert set(two.trials.values_list("variant__slug", flat=True)) == {"reference", "no-op"}
+
+
+def test_it_refuses_a_variant_the_experiment_lacks(client, member_token, smoke):
+    data = assert_json_error(start(client, member_token, {"variants": ["nope"]}), 400, "overrides")
+
+    assert "has no variant 'nope'" in data["detail"]
+
+
+def test_it_downloads_and_uploads_an_experiments_zip(client, member):
+    from django.contrib.auth.models import Group
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from experiments_app.models import Experiment
+
+    import_tasks([EXAMPLES / "tasks"], task_set="examples")
+    demo = import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES).experiment
+    member.groups.add(Group.objects.create(name="agent-authors"))
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {create_token(member, 'ci')[1]}"}
+    download = client.get("/api/experiments/demo/bundle", **auth)
+    assert download.status_code == 200 and download["Content-Type"] == "application/zip"
+    stored = demo.bundle_id
+    demo.delete()
+
+    def upload(**fields):
+        body = {"file": SimpleUploadedFile("demo.zip", download.content), **fields}
+        return client.post("/api/experiments", body, **auth)
+
+    created = upload()
+    assert created.status_code == 201, created.content
+    assert created.json()["created"] is True and created.json()["experiment"]["slug"] == "demo"
+    assert Experiment.objects.get(slug="demo").bundle_id == stored
+    again = upload()
+    assert again.status_code == 400 and "exists already" in again.json()["detail"]
+    replaced = upload(replace="true")
+    assert replaced.status_code == 201 and replaced.json()["created"] is False
+
+
+def test_it_answers_an_upload_without_its_file_with_422_json(client, member_token):
+    response = client.post(
+        "/api/experiments", {"replace": "true"}, HTTP_AUTHORIZATION=f"Bearer {member_token}"
+    )
+
+    assert_json_error(response, 422, "file")

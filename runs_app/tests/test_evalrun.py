@@ -340,3 +340,32 @@ def test_it_names_a_harbor_folders_problems_and_exits_2(tmp_path):
     assert f"{folder}/task.toml:17: environment.cpu: unknown key 'cpu'; did you mean 'cpus'?" in message
     assert f"{folder}/instruction.md: not found" in message
     assert not Task.objects.exists()
+
+
+def test_it_refuses_to_launch_what_no_live_worker_can_run(tmp_path):
+    from django.utils import timezone
+
+    from evalsite.versioning import code_version
+    from runs_app.models import Worker
+
+    Worker.objects.create(
+        name="w1@host-a", hostname="host-a", code_version=code_version(), last_seen_at=timezone.now(),
+        agent_versions={"claude-code": "2.0.1"}, providers=["openai"],
+    )  # fmt: skip
+
+    refused = evalrun(*SMOKE_TASKS, "-T", "claude-code", "--no-wait")
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "pre-flight: claude-code: a key for anthropic (ANTHROPIC_API_KEY): no live worker has it" in (
+        refused.stderr
+    )
+    assert "--launch-anyway" in refused.stderr and not Run.objects.exists()
+
+    anyway = evalrun(*SMOKE_TASKS, "-T", "claude-code", "--no-wait", "--launch-anyway")
+    assert anyway.returncode == 0, anyway.stderr
+    assert Run.objects.count() == 1
+
+    planned = evalrun(*SMOKE_TASKS, "-T", "claude-code", "--plan")
+    assert "pre-flight fail: claude-code: a key for anthropic" in planned.stdout
+    cli = "pre-flight ok: claude-code: the claude CLI (claude-code): 2.0.1 on 1 live worker"
+    assert cli in planned.stdout

@@ -112,7 +112,7 @@ def _selected_runs(experiment: Experiment, form: RunSelectionForm) -> list[Run]:
     runs = Run.objects.filter(experiment=experiment).select_related("experiment")
     ids = form.cleaned_data["runs"] if form.is_valid() else []
     if not ids:
-        return sorted(runs.order_by("-created_at", "-pk")[:DEFAULT_RUNS], key=lambda run: run.pk)
+        return sorted(runs.newest(DEFAULT_RUNS), key=lambda run: run.pk)
     found = {run.pk: run for run in runs.filter(pk__in=ids)}
     missing = [str(pk) for pk in ids if pk not in found]
     if missing:

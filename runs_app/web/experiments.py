@@ -12,8 +12,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from experiments_app.forms import LaunchForm
+from experiments_app.forms import ExperimentUploadForm, LaunchForm
 from experiments_app.models import Experiment
+from runs_app import preflight
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import with_last_run
 from runs_app.web.presenters import as_text, config_for_kind
@@ -30,7 +31,8 @@ def get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
 @require_GET
 def experiment_list(request: HttpRequest) -> HttpResponse:
     experiments = with_last_run(Experiment.objects.with_variants()).order_by("slug")
-    return render(request, "experiments/experiment_list.html", {"experiments": experiments})
+    ctx = {"experiments": experiments, "upload_form": ExperimentUploadForm()}
+    return render(request, "experiments/experiment_list.html", ctx)
 
 
 @login_required
@@ -41,10 +43,13 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
     task_count = tasks.count()
     variants = list(experiment.variants.order_by("position", "pk"))
     plan = run_plan(experiment)
-    preview, problems = launch_preview(experiment)
+    trials, preview, problems = launch_preview(experiment)
+    checked = preflight.check(experiment, trials=trials) if trials else None
     ctx = {
         "experiment": experiment,
         "variants": variants,
+        "preflight": checked,
+        "launch_without": _launch_without(variants, checked),
         # The launcher's own dry run: exactly the trials a launch without options makes.
         "trials_per_run": sum(count for _, count, _ in preview),
         "preview": preview,
@@ -60,18 +65,28 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "experiments/experiment_detail.html", ctx)
 
 
-def launch_preview(experiment) -> tuple[list[tuple[str, int, str]], list[str]]:
-    """(variant, trials, resolved config of its first trial) per variant, as a launch would make
-    them; or the problems that would stop the launch."""
+def launch_preview(experiment) -> tuple[list, list[tuple[str, int, str]], list[str]]:
+    """The trials a launch would make; (variant, trials, resolved config of its first trial)
+    per variant; or the problems that would stop the launch."""
     try:
         trials = preview_trials(experiment)
     except LaunchError as exc:
-        return [], exc.problems[:10]
+        return [], [], exc.problems[:10]
     counts = Counter(trial.variant.slug for trial in trials)
     first: dict[str, dict] = {}
     for trial in trials:
         first.setdefault(trial.variant.slug, trial.config)
-    return [(slug, counts[slug], as_text(config_for_kind(config)[0])) for slug, config in first.items()], []
+    shown = [(slug, counts[slug], as_text(config_for_kind(config)[0])) for slug, config in first.items()]
+    return trials, shown, []
+
+
+def _launch_without(variants: list, checked: preflight.Preflight | None) -> str:
+    """The variants left once those with pre-flight problems are out ("" when none or all are)."""
+    if checked is None or not checked.problems:
+        return ""
+    refused = set(checked.variants_with_problems())
+    kept = [variant.slug for variant in variants if variant.slug not in refused]
+    return ",".join(kept)
 
 
 @login_required
@@ -83,7 +98,10 @@ def experiment_launch(request: HttpRequest, slug: str) -> HttpResponse:
         for field, errors in form.errors.items():
             messages.error(request, f"Launch: {field}: {' '.join(errors)}")
         return redirect(experiment)
-    options = LaunchOptions(**{k: v for k, v in form.cleaned_data.items() if v not in (None, [])})
+    chosen = {k: v for k, v in form.cleaned_data.items() if v not in (None, []) and k != "confirm"}
+    options = LaunchOptions(**chosen)
+    if not form.cleaned_data["confirm"] and _preflight_refuses(request, experiment, options):
+        return redirect(experiment)
     try:
         run = launch_run(experiment, user=request.user, options=options)
     except LaunchError as exc:
@@ -92,3 +110,18 @@ def experiment_launch(request: HttpRequest, slug: str) -> HttpResponse:
         return redirect(experiment)
     messages.success(request, f"Launched run #{run.pk}: {run.n_trials} trials.")
     return redirect(run)
+
+
+def _preflight_refuses(request: HttpRequest, experiment: Experiment, options: LaunchOptions) -> bool:
+    """Whether pre-flight found problems (each said as a message, with its fix): nothing is
+    launched until they are fixed, their variants left out, or "Launch anyway" is chosen."""
+    found = preflight.check(experiment, options).problems
+    for row in found[:20]:
+        messages.warning(request, f"Pre-flight: {row.line}")
+    if found:
+        messages.error(
+            request,
+            f"Not launched: pre-flight found {len(found)} problem{'s' if len(found) != 1 else ''} (above). "
+            "Fix them, launch without their variants, or launch anyway.",
+        )
+    return bool(found)

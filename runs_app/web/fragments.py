@@ -23,6 +23,7 @@ from django.utils.safestring import mark_safe
 
 from evalsite.keyed_locks import KeyedLocks
 from runs_app import control, live
+from runs_app.analysis.load import comparison
 from runs_app.models import Run, Trial
 from runs_app.web.presenters import run_progress_numbers, variant_rows
 from runs_app.web.workers import worker_health
@@ -63,6 +64,9 @@ class RunState(NamedTuple):
     n_failed: int
     n_error: int
     n_cancelled: int
+    # Bumped by every change to its numbers (tallies, a quarantine): an ended run's parts are
+    # rendered again after one.
+    tally_version: int = 0
 
     @property
     def final(self) -> bool:
@@ -99,6 +103,7 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "error_groups": control.error_groups(run) if run.n_error else [],
         "workers": worker_health(run, now or timezone.now()),
         "variant_rows": variant_rows(run),
+        "quarantined": comparison([run], criteria=False).quarantined if run.n_trials else [],
         "trials": trials,
         "has_more": has_more,
         "page": page,

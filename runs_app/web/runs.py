@@ -110,6 +110,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     token = get_token(request)
     shown = {name: for_viewer(parts[name], token=token) for name in PARTS}
     context = {**parts["context"], "run": run, "parts": shown, "filter_form": form}
+    context["last_good"] = Run.objects.last_good(run.experiment_id, before=run)
     return render(request, "runs/run_detail.html", context)
 
 

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET
 
 from runs_app.models import Trial
 from runs_app.web.presenters import as_text, config_for_kind, transcript_rows
+from runs_app.web.triage import COMMON_LABELS
 
 TRANSCRIPT_LIMIT = 2000
 
@@ -50,6 +51,8 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "waited": (trial.started_at - trial.queued_at) if trial.started_at else None,
         "dialog": (trial.trajectory or {}).get("dialog") or [],
         "role_usage": [(role, usage) for role, usage in sorted(trial.role_usage.items()) if role != "agent"],
+        "notes": trial.notes.select_related("author"),
+        "labels": COMMON_LABELS,
     }
     return render(request, "runs/trial_detail.html", ctx)
 

@@ -64,7 +64,11 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     running = running_by_worker()
     since = control.alive_since(now)
     rows = [
-        {"worker": worker, "alive": worker.last_seen_at >= since, "running": running.get(worker.name, 0)}
+        {
+            "worker": worker,
+            "alive": worker.last_seen_at >= since,
+            "running": running.get(worker.name, 0),
+        }
         for worker in workers
     ]
     by_host = (

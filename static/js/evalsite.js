@@ -61,7 +61,23 @@
   }
   document.addEventListener("change", function (event) {
     if (event.target.name && /-agent_type$/.test(event.target.name)) showKindFields(event.target);
+    if (event.target.name === "attachment") offerAttachment(event.target);
   });
+  // A file chosen to attach is offered as a command variant's Script, and its usual command
+  // (the same suggestions as specs/attachments.py: python3 {script} for a .py file).
+  var RUNNERS = {py: "python3", sh: "sh", bash: "bash", js: "node", mjs: "node", rb: "ruby"};
+  function offerAttachment(input) {
+    var file = input.files && input.files[0];
+    if (!file) return;
+    var suffix = file.name.indexOf(".") === -1 ? "" : file.name.split(".").pop().toLowerCase();
+    [["experiment-files", file.name], ["command-suggestions", (RUNNERS[suffix] || "sh") + " {script}"]].forEach(function (pair) {
+      var list = document.getElementById(pair[0]);
+      if (!list || list.querySelector("option[value='" + CSS.escape(pair[1]) + "']")) return;
+      var option = document.createElement("option");
+      option.value = pair[1];
+      list.appendChild(option);
+    });
+  }
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("select[name$='-agent_type']").forEach(showKindFields);
   });

@@ -1,9 +1,10 @@
 from pathlib import Path
 
 import yaml
+from django.core.files import File
 from django.core.management.base import BaseCommand, CommandError
 
-from experiments_app.definitions import ImportFailed, import_experiment
+from experiments_app.definitions import ImportFailed, import_experiment, import_experiment_upload
 from experiments_app.models import Experiment
 
 
@@ -18,7 +19,10 @@ def _experiment_id(path: Path) -> str | None:
 
 
 class Command(BaseCommand):
-    help = "Import a coder-eval experiment YAML (with evalsite's task selection fields)."
+    help = (
+        "Import a coder-eval experiment YAML (with evalsite's task selection fields), or an experiment's zip "
+        "(its YAML and files: export_experiment, or the site's download)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("path", type=Path)
@@ -35,15 +39,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, path: Path, root: Path | None, keep_existing: bool = False, **options):
-        if keep_existing and (slug := _experiment_id(path)) and Experiment.objects.filter(slug=slug).exists():
+        slug = _experiment_id(path) if keep_existing and path.suffix != ".zip" else None
+        if slug and Experiment.objects.filter(slug=slug).exists():
             self.stdout.write(f"Kept experiment {slug} as it is (--keep-existing)")
             return
         try:
-            report = import_experiment(path, root=root)
-        except ImportFailed as exc:
-            raise CommandError(
-                f"nothing imported: {len(exc.issues)} problem(s)\n" + "\n".join(exc.issues)
-            ) from None
+            if path.suffix == ".zip":  # an experiment with its files (export_experiment, the site)
+                with path.open("rb") as handle:
+                    report = import_experiment_upload(File(handle, name=path.name), replace=True)
+            else:
+                report = import_experiment(path, root=root)
+        except (ImportFailed, OSError) as exc:
+            issues = exc.issues if isinstance(exc, ImportFailed) else [str(exc)]
+            raise CommandError(f"nothing imported: {len(issues)} problem(s)\n" + "\n".join(issues)) from None
         for warning in report.warnings:
             self.stderr.write(f"warning: {warning}")
         experiment = report.experiment

@@ -152,3 +152,26 @@ def _layout(title: str) -> dict[str, Any]:
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "#fff",
     }
+
+
+def history_figure(series: dict[str, list[tuple[str, ArmSummary]]]) -> dict[str, Any]:
+    """Each variant's pass rate run after run (`series`: variant -> [(run label, its arm)], oldest
+    first), with its interval as error bars: one line per variant."""
+    lines = []
+    for variant, points in series.items():
+        arms = [arm for _, arm in points]
+        lines.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": escape(variant),
+                "x": [escape(label) for label, _ in points],
+                "y": [arm.pass_rate for arm in arms],
+                "error_y": _error_bars(arms, "pass_rate", "low", "high"),
+                "hovertemplate": f"{escape(variant)} · %{{x}}<br>%{{y:.1%}}<extra></extra>",
+            }
+        )
+    layout = _layout("Pass rate by run (95% interval)")
+    layout["yaxis"] = {"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "pass rate"}}
+    layout["xaxis"] = {"type": "category", "title": {"text": "run"}}
+    return {"data": lines, "layout": layout}

@@ -105,6 +105,7 @@ def compare(
         by_tag=_by_tag(units, clusters, columns, confidence),
         by_criterion=_by_criterion(data, units, clusters, keys, confidence),
         warnings=[],
+        quarantined=data.quarantined,
         overall=inference.rate_interval(
             [
                 (sum(c.graded[j][0] for c in columns), sum(c.graded[j][1] for c in columns))

@@ -165,6 +165,9 @@ class ComparisonData:
     criteria: dict[tuple[str, str], dict[tuple[int, str], PassCount]] = field(default_factory=dict)
     # (run id, variant id) -> {component: {fingerprint: value}}: what its trials ran with (`identity`)
     components: dict[tuple[int, int], dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # Tasks of these runs set aside as broken, left out of everything above: {"task", "reason",
+    # "by", "since"} each, for every page to say so.
+    quarantined: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def tags(self) -> list[str]:
@@ -301,6 +304,7 @@ class Comparison:
     by_criterion: list[BreakdownRow]
     warnings: list[str]
     overall: Interval | None = None  # every arm's trials of a unit together
+    quarantined: list[dict[str, str]] = field(default_factory=list)  # tasks left out (ComparisonData's)
 
     @property
     def baseline_arm(self) -> ArmSummary:
@@ -349,6 +353,7 @@ class Comparison:
             "by_tag": [_breakdown_dict(row, self.arms) for row in self.by_tag],
             "by_criterion": [_breakdown_dict(row, self.arms) for row in self.by_criterion],
             "warnings": self.warnings,
+            "quarantined": self.quarantined,
         }
 
     def summary_rows(self) -> list[dict[str, Any]]:

@@ -60,9 +60,7 @@ def upstream(name: str, environ: Mapping[str, str], base_url: str = "", region: 
     else its default endpoint (in `region`), with the key (or token) the worker holds, if any."""
     row = provider(name)
     default = row.default_url.format(region=region or row.default_region)
-    key, bearer = environ.get(row.key_variable, ""), False
-    if not key and row.token_variable and environ.get(row.token_variable):
-        key, bearer = environ[row.token_variable], True
+    key, bearer = row.credential(environ)
     return Upstream(name, str(base_url or environ.get(row.url_variable) or default), key, bearer)
 
 

@@ -23,7 +23,7 @@ from django.db import transaction
 from experiments_app.definitions import ImportFailed, adhoc_experiment, import_experiment, import_tasks
 from experiments_app.models import Experiment
 from experiments_app.specs.resolve import OverrideError, parse_overrides
-from runs_app import control
+from runs_app import control, preflight
 from runs_app.analysis import reports
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import Run, Trial, TrialEvent
@@ -94,6 +94,14 @@ class Command(BaseCommand):
             "--any-code-version", action="store_true",
             help="let workers of any code version run its trials (default: only this code's)",
         )  # fmt: skip
+        parser.add_argument(
+            "--variant", dest="variants", action="append", metavar="NAME",
+            help="run only these variants of the experiment (a,b; repeatable)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--launch-anyway", action="store_true",
+            help="launch even when the pre-flight check finds problems (a variant no live worker can run)",
+        )  # fmt: skip
         parser.add_argument("--resume", type=int, metavar="RUN_ID", help="finish a crashed or cancelled run")
         parser.add_argument("--retry-errors", type=int, metavar="RUN_ID", help="rerun a run's errored trials")
         parser.add_argument("-s", "--stream", choices=["full", "minimal"], help="print trial events live")
@@ -155,6 +163,7 @@ class Command(BaseCommand):
         if options["resume"] or options["retry_errors"]:
             return self._restart(options)
         experiment, launch = self._prepare(options)
+        self._preflight(experiment, launch, refuse=not options["launch_anyway"])
         try:
             return launch_run(experiment, options=launch), 0
         except LaunchError as exc:
@@ -175,10 +184,24 @@ class Command(BaseCommand):
             include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample"],
             sample_per_stratum=options["sample_per_stratum"], seed=options["seed"],
             keep_artifacts=options["keep_artifacts"],
-            any_code_version=options["any_code_version"],
+            any_code_version=options["any_code_version"], variants=_csv(options["variants"]),
             # An ad-hoc experiment already carries -T/-m in its one variant.
             agent_type=None if adhoc else options["agent_type"], model=None if adhoc else options["model"],
         )  # fmt: skip
+
+    def _preflight(self, experiment: Experiment, launch: LaunchOptions, refuse: bool) -> None:
+        """Say what the live workers lack to run each variant, with the fix; refuse to launch
+        (exit 2) while there is anything, unless told to launch anyway."""
+        report = preflight.check(experiment, launch)
+        for row in report.problems:
+            self.stderr.write(f"pre-flight: {row.line}")
+        if report.problems and refuse:
+            variants = ", ".join(report.variants_with_problems())
+            raise CommandError(
+                f"not launched: pre-flight found {len(report.problems)} problem(s) (above). Fix them, leave "
+                f"{variants} out (--variant NAME for the variants to run), or pass --launch-anyway",
+                returncode=EXIT_BAD_INPUT,
+            )
 
     def _warn_of_other_versions(self, run: Run) -> None:
         """Live workers that all run other code would leave the run waiting (an edited checkout
@@ -200,6 +223,7 @@ class Command(BaseCommand):
             try:
                 trials = preview_trials(experiment, launch)
                 plan = run_plan(experiment, launch)
+                report = preflight.check(experiment, launch, trials)
             except LaunchError as exc:
                 raise CommandError(
                     self._problems("cannot plan the run", exc.problems), returncode=EXIT_BAD_INPUT
@@ -220,6 +244,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  and {len(cells) - PLAN_LINES} more task × variant pairs")
         for line in plan.lines():
             self.stdout.write(f"  {line}")
+        for row in report.rows:
+            self.stdout.write(f"  pre-flight {row.level}: {row.line}")
+        for note in report.notes:
+            self.stdout.write(f"  pre-flight: {note}")
 
     def _problems(self, title: str, problems: list[str]) -> str:
         return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems)
@@ -368,6 +396,8 @@ class Command(BaseCommand):
         self.stdout.write("")
         self.stdout.write(reports.headline(report))
         self.stdout.write(reports.render_text_table(report))
+        for line in reports.quarantine_lines(report):
+            self.stdout.write(line)
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")

@@ -355,12 +355,12 @@ def test_a_comparison_of_two_runs_names_the_components_that_changed():
     assert set(summary[str(Variant.objects.get(slug="new").pk)]["agent"].values()) == {"claude-code 2.1.197"}
 
 
-def test_it_loads_a_comparison_in_three_queries(django_assert_num_queries):
+def test_it_loads_a_comparison_in_four_queries(django_assert_num_queries):
     experiment = make_experiment(variants=("base", "new", "third"))
     outcomes = {f"t{i}": {"base": "PF", "new": "PP", "third": "FE"} for i in range(5)}
     run = make_run(experiment, outcomes)
     run = Run.objects.select_related("experiment").get(pk=run.pk)
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):  # tallies, task versions, quarantines, variants
         data = load.load([run])
     with django_assert_num_queries(0):
         compare.compare(data)

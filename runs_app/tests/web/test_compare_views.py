@@ -60,8 +60,9 @@ def test_it_pins_the_comparison_page_query_count(member_client, django_assert_nu
     experiment = make_experiment(variants=("base", "a", "b", "c"))
     outcomes = {f"t{i}": {"base": "PF", "a": "PP", "b": "FE", "c": "PC"} for i in range(12)}
     many = make_run(experiment, outcomes)
-    # Session, user, run, grouped trials, criteria, task versions, variants: the same for any size.
-    with django_assert_num_queries(6):
+    # Session, user, run, grouped trials, criteria, task versions, quarantines, variants: the same
+    # for any size.
+    with django_assert_num_queries(7):
         response = member_client.get(compare_url(many))
     assert response.status_code == 200
     assert len(response.context["comparison"].rows) == 12
@@ -188,8 +189,8 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     new = make_run(experiment, REPEATS, content={"a": "v2"})
     url = reverse("experiment_compare", args=[experiment.slug])
     # Session, user, experiment, the picker's recent runs, runs, grouped trials, criteria, task
-    # versions, variants.
-    with django_assert_num_queries(8):
+    # versions, quarantines, variants.
+    with django_assert_num_queries(9):
         response = member_client.get(f"{url}?runs={old.pk},{new.pk}&baseline=new@{old.pk}")
     assert response.status_code == 200
     comparison = response.context["comparison"]

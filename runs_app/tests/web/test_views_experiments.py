@@ -153,3 +153,70 @@ def test_a_script_attached_in_the_form_runs_as_its_command_agent(
 
     trial = run.trials.get()
     assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-500:])
+
+
+def _demo_with_a_worker_without_keys():
+    from django.utils import timezone
+
+    from evalsite.versioning import code_version
+    from experiments_app.definitions import import_experiment
+    from runs_app.models import Worker
+    from runs_app.tests.factories import EXAMPLES, import_examples
+
+    import_examples()
+    Worker.objects.create(
+        name="w1@host-a", hostname="host-a", code_version=code_version(), last_seen_at=timezone.now(),
+        agent_versions={"claude-code": "2.0.1 (Claude Code)"}, providers=["openai"],
+    )  # fmt: skip
+    return import_experiment(EXAMPLES / "experiments" / "demo.yaml", root=EXAMPLES).experiment
+
+
+def test_the_experiment_page_warns_of_a_variant_no_worker_can_run(member_client):
+    _demo_with_a_worker_without_keys()
+
+    page = member_client.get(reverse("experiment_detail", args=["demo"])).content.decode()
+
+    assert 'data-testid="preflight"' in page and "1 problem" in page
+    assert "a key for anthropic (ANTHROPIC_API_KEY)" in page
+    assert "set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment of the workers" in page
+    assert 'id="launch-anyway"' in page and 'id="launch"' not in page
+    assert "Launch without claude" in page and 'value="reference,no-op,scripted"' in page
+
+
+def test_a_launch_with_pre_flight_problems_waits_for_launch_anyway(member_client):
+    _demo_with_a_worker_without_keys()
+    url = reverse("experiment_launch", args=["demo"])
+
+    refused = member_client.post(url, follow=True)
+
+    assert not Run.objects.exists()
+    text = refused.content.decode()
+    assert "Not launched: pre-flight found 1 problem" in text
+    assert "Pre-flight: claude: a key for anthropic (ANTHROPIC_API_KEY): no live worker has it" in text
+
+    member_client.post(url, {"confirm": "1"})
+    assert Run.objects.get().config["variants"][3]["slug"] == "claude"
+
+
+def test_launching_without_the_refused_variant_runs_the_others(member_client):
+    _demo_with_a_worker_without_keys()
+
+    response = member_client.post(
+        reverse("experiment_launch", args=["demo"]), {"variants": "reference,no-op,scripted"}
+    )
+
+    run = Run.objects.get()
+    assert response["Location"] == run.get_absolute_url()
+    assert [v["slug"] for v in run.config["variants"]] == ["reference", "no-op", "scripted"]
+    assert run.config["baseline"] == "no-op"
+    assert set(run.trials.values_list("variant__slug", flat=True)) == {"reference", "no-op", "scripted"}
+
+
+def test_the_workers_page_shows_clis_keys_and_capabilities(member_client):
+    _demo_with_a_worker_without_keys()
+
+    page = member_client.get(reverse("worker_list")).content.decode()
+
+    assert "claude-code: 2.0.1 (Claude Code)" in page
+    assert '<span class="tag">openai</span>' in page
+    assert "Keys for" in page and "Containers" in page
