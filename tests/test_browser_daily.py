@@ -46,6 +46,8 @@ def test_a_team_fixes_a_launch_pre_flight_refused_schedules_it_gets_the_alert_an
     tmp_path,
     member,
 ):
+    member.is_staff = True  # staff choose where webhooks are posted
+    member.save(update_fields=["is_staff"])
     smtp, hook = SmtpSink(), WebhookSink()
     (tmp_path / "nightly.yaml").write_text(NIGHTLY)
     import_experiment(tmp_path / "nightly.yaml")

@@ -47,6 +47,18 @@ class ScheduleForm(forms.Form):
         help_text="A JSON POST (with a `text` field chat webhooks show) to this address",
     )  # fmt: skip
 
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+
+    def clean_webhook_url(self) -> str:
+        url = self.cleaned_data["webhook_url"]
+        # The worker posts from inside the site's network, and the page shows what answered: a
+        # member could probe internal hosts with it. Staff choose where alerts are posted.
+        if url and not (self.user is not None and self.user.is_staff):
+            raise forms.ValidationError("Only staff may set a webhook (it is posted from inside your network).")
+        return url
+
     def clean_cron(self) -> str:
         cron = " ".join(self.cleaned_data["cron"].split())
         try:
@@ -150,7 +162,7 @@ def _row(run: Run, arm, last_good: Run | None) -> dict:
 @require_POST
 def schedule_create(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = get_experiment_for_user(request, slug)
-    form = ScheduleForm(request.POST)
+    form = ScheduleForm(request.POST, user=request.user)
     if not form.is_valid():
         return render(request, "runs/history.html", _history_context(experiment, form), status=400)
     data = form.cleaned_data

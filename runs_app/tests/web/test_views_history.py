@@ -97,6 +97,7 @@ def test_it_makes_a_schedule_and_says_when_it_runs(member_client, member):
         ({"emails": ""}, "__all__", "Say where its alerts go"),
         ({"overrides": "repeatz=2"}, "overrides", "repeatz"),
         ({"webhook_url": "ftp://x"}, "webhook_url", "Enter a valid URL"),
+        ({"webhook_url": "http://10.0.0.5/probe"}, "webhook_url", "Only staff may set a webhook"),
     ],
 )
 def test_it_refuses_a_bad_schedule_saying_why(member_client, fields, field, problem):
