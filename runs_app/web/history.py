@@ -56,7 +56,9 @@ class ScheduleForm(forms.Form):
         # The worker posts from inside the site's network, and the page shows what answered: a
         # member could probe internal hosts with it. Staff choose where alerts are posted.
         if url and not (self.user is not None and self.user.is_staff):
-            raise forms.ValidationError("Only staff may set a webhook (it is posted from inside your network).")
+            raise forms.ValidationError(
+                "Only staff may set a webhook (it is posted from inside your network)."
+            )
         return url
 
     def clean_cron(self) -> str:
