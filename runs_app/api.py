@@ -8,7 +8,7 @@ the one serialisation the comparison page's JSON download uses too. Every error 
 `{"detail": message, "field": name or null}`, with a 4xx status.
 """
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import wraps
 from typing import Annotated, Any, Literal
 
@@ -537,7 +537,7 @@ def list_runs(request: HttpRequest, query: Query[RunQuery]):
     if query.status:
         runs = runs.filter(status=query.status)
     if query.since is not None:
-        runs = runs.filter(created_at__gte=_moment(query.since))
+        runs = runs.filter(created_at__gte=_moment(query.since, field="since"))
     if query.until is not None:
         runs = runs.filter(created_at__lt=_moment(query.until, end_of_day=True))
     total = runs.count()
@@ -632,11 +632,16 @@ def _refuse_on_preflight(experiment: Experiment, options: LaunchOptions) -> None
         )
 
 
-def _moment(value: datetime | date, end_of_day: bool = False) -> datetime:
-    """A date or a time as an aware time: a date is its day's start (or the next day's)."""
-    if not isinstance(value, datetime):
-        value = datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min)
-    return value if timezone.is_aware(value) else timezone.make_aware(value)
+def _moment(value: datetime | date, end_of_day: bool = False, field: str = "until") -> datetime:
+    """A date or a time as an aware time in UTC (a date is its day's start, or the next day's):
+    the database takes offsets up to ±15:59 only, and Python's go to ±23:59."""
+    try:
+        if not isinstance(value, datetime):
+            value = datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min)
+        aware = value if timezone.is_aware(value) else timezone.make_aware(value)
+        return aware.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ApiError(400, f"{value} is outside the dates runs can have", field) from None
 
 
 def _comparison(runs: list[Run], query: ComparisonQuery) -> dict:

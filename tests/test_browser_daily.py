@@ -101,7 +101,7 @@ def test_a_team_fixes_a_launch_pre_flight_refused_schedules_it_gets_the_alert_an
         )  # fmt: skip
         [message] = smtp.wait(timeout=120)
         subject = f"[evalsite] nightly: scheduled run #{scheduled.pk} 1 gate failed: no-op solves half"
-        assert message["Subject"] == subject
+        assert message["Subject"].replace("\r\n", "") == subject  # a long subject is folded
         [body] = hook.wait(timeout=60)
         assert body["run"] == scheduled.pk and body["gates_passed"] is False
         wait_for(lambda: Alert.objects.filter(delivered=True).count() == 2, timeout=30)
