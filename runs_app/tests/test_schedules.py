@@ -199,7 +199,10 @@ def test_beat_launches_the_scheduled_run_and_its_failed_gate_alerts_by_mail_and_
 
     assert run.gates_passed is False and run.started_by == member
     [message] = smtp.wait(timeout=60)
-    assert message["Subject"].replace("\r\n", "") == f"[evalsite] gated: scheduled run #{run.pk} 1 gate failed: no-op solves half"
+    assert (
+        message["Subject"].replace("\r\n", "")
+        == f"[evalsite] gated: scheduled run #{run.pk} 1 gate failed: no-op solves half"
+    )
     assert message["To"] == "team@example.com"
     [body] = hook.wait(timeout=60)
     assert body["run"] == run.pk and body["comparison_url"].endswith(f"/runs/{run.pk}/compare/")
