@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from runs_app.analysis.stats.intervals import newcombe_interval_z, wilson_cc_interval
+from runs_app.analysis.stats.intervals import wilson_cc_interval
 
 PassCount = tuple[int, int]
 
@@ -135,48 +135,138 @@ def rate_interval(
     return Interval(theta, max(0.0, low), min(1.0, high), count, main.se)
 
 
+class PairedDelta(NamedTuple):
+    """Δ with its interval and the p of Δ = 0, consistent by construction: the interval excludes
+    0 exactly when p < 1 - confidence."""
+
+    estimate: float
+    low: float
+    high: float
+    clusters: int
+    se: float | None  # the cluster-robust standard error (for the detectable effect)
+    p_value: float
+    exact: bool  # the sign-flip distribution was enumerated, not drawn
+
+
 def difference_interval(
     baseline: Sequence[PassCount],
     arm: Sequence[PassCount],
     clusters: Sequence[Hashable],
     confidence: float = 0.95,
-) -> Interval | None:
-    """Δ = mean over units both arms graded of (y_arm - y_baseline), with its interval.
+    *,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> PairedDelta | None:
+    """Δ = mean over units both arms graded of (y_arm - y_baseline), its interval and its test.
 
-    1. The CR1 t interval of the per-unit differences (`ratio_interval`).
-    2. Floor: Newcombe's paired interval (method 10) on the expected 2×2 table of trial pairs,
-       each unit weighing m = min(n_baseline, n_arm) pairs split as if its trials were
-       independent: both = m·y_a·y_b, arm only = m·y_a(1 - y_b), and so on; with one repeat
-       this is the ordinary paired table. The result is the hull of both, inside [-1, 1].
+    1. Per cluster c: D_c = Σ over its units of (y_arm - y_baseline), m_c its units; Δ = ΣD/Σm.
+    2. The sign-flip test inverted: δ is in the interval when flipping the signs of the
+       clusters' D_c - δ·m_c does not make |Σ (D_c - δ·m_c)| unusual at 1 - confidence (every
+       sign pattern is equally likely when the clusters' differences are symmetric about δ).
+       Its p at δ = 0 is the paired test. With C clusters no p is below 2/2^C, so below
+       log2(2/α) clusters nothing is significant and the interval is [-1, 1].
+    3. Floor, sized by the number of clusters alone (never by trials: repeats of a task are not
+       independent draws): Δ ± ε with ε = 1 - (α/2)^(1/C). An effect confined to a share ε of
+       the tasks is absent from a sample of C of them with chance (1 - ε)^C = α/2, so no sample
+       pins Δ down closer than that, however many repeats each task has (`unseen_effect`). Its
+       p is the chance that an effect as large as |Δ| went unseen: 2(1 - |Δ|)^C.
+    4. The interval is the hull of both, inside [-1, 1]; p is the larger of their two p, so
+       the interval excludes 0 exactly when p < 1 - confidence.
     None when no unit was graded in both arms.
     """
     rows = [
-        (pb / nb, pa / na, min(na, nb), key)
+        (pb / nb, pa / na, key)
         for (pb, nb), (pa, na), key in zip(baseline, arm, clusters, strict=True)
         if nb and na
     ]
     if not rows:
         return None
-    main = ratio_interval(
-        [ya - yb for yb, ya, _, _ in rows], [1] * len(rows), [r[3] for r in rows], confidence
-    )
-    assert main is not None  # some unit was graded in both arms
-    q = (
-        _z_quantile(confidence)
-        if main.se is None
-        else t_quantile(1 - (1 - confidence) / 2, main.clusters - 1)
-    )
-    both = math.fsum(m * ya * yb for yb, ya, m, _ in rows)
-    arm_only = math.fsum(m * ya * (1 - yb) for yb, ya, m, _ in rows)
-    baseline_only = math.fsum(m * (1 - ya) * yb for yb, ya, m, _ in rows)
-    neither = math.fsum(m * (1 - ya) * (1 - yb) for yb, ya, m, _ in rows)
-    _, low, high = newcombe_interval_z(both, arm_only, baseline_only, neither, q)
-    # Newcombe's bounds are around the trial-weighted Δ; shift them onto the unit-weighted one.
-    shift = main.estimate - (arm_only - baseline_only) / (both + arm_only + baseline_only + neither)
-    low, high = low + shift, high + shift
-    if main.se is not None:
-        low, high = min(low, main.low), max(high, main.high)
-    return Interval(main.estimate, max(-1.0, low), min(1.0, high), main.clusters, main.se)
+    keys = list(dict.fromkeys(key for *_, key in rows))
+    index = {key: i for i, key in enumerate(keys)}
+    sums = np.zeros(len(keys))
+    sizes = np.zeros(len(keys))
+    for yb, ya, key in rows:
+        sums[index[key]] += ya - yb
+        sizes[index[key]] += 1
+    estimate = float(sums.sum() / sizes.sum())
+    alpha = 1 - confidence
+    main = ratio_interval(list(sums), list(sizes), keys, confidence)
+    se = main.se if main is not None else None
+    flips = _SignFlips(sums, sizes, draws, seed)
+    low, high = flips.interval(estimate, alpha)
+    flip_p, exact = flips.p_value(0.0), flips.exact
+    if not exact:  # at 0 the exact lattice is cheap: the headline p is never a draw's
+        tested = sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+        flip_p = max(flip_p, tested[0]) if tested else flip_p
+        exact = bool(tested and tested[1])
+    reach = unseen_effect(len(keys), alpha)
+    p_value = max(flip_p, unseen_effect_p(abs(estimate), len(keys)))
+    low, high = min(low, estimate - reach), max(high, estimate + reach)
+    if p_value >= alpha:  # the two p agree on "not significant": so does the interval
+        low, high = min(low, 0.0), max(high, 0.0)
+    return PairedDelta(estimate, max(-1.0, low), min(1.0, high), len(keys), se, min(1.0, p_value), exact)
+
+
+# Above this many clusters the sign patterns are drawn, not enumerated.
+ENUMERATED_CLUSTERS = 16
+_CHUNK = 512
+
+
+class _SignFlips:
+    """The sign-flip test of Δ = δ for every δ, on one set of sign patterns: all 2^C of them,
+    or `draws` seeded ones (the same for every δ, so p(δ) is one step function)."""
+
+    def __init__(self, sums: np.ndarray, sizes: np.ndarray, draws: int, seed: int):
+        self.total, self.size = float(sums.sum()), float(sizes.sum())
+        self.exact = len(sums) <= ENUMERATED_CLUSTERS
+        if self.exact:
+            patterns = ((np.arange(1 << len(sums))[:, None] >> np.arange(len(sums))) & 1) * 2 - 1
+            self.flipped_sums, self.flipped_sizes = patterns @ sums, patterns @ sizes
+        else:
+            rng = np.random.default_rng(seed)
+            flipped_sums, flipped_sizes = [], []
+            for start in range(0, draws, _CHUNK):
+                patterns = rng.integers(0, 2, size=(min(_CHUNK, draws - start), len(sums)), dtype=np.int8)
+                patterns = patterns * 2 - 1
+                flipped_sums.append(patterns @ sums)
+                flipped_sizes.append(patterns @ sizes)
+            self.flipped_sums, self.flipped_sizes = (
+                np.concatenate(flipped_sums),
+                np.concatenate(flipped_sizes),
+            )
+
+    def p_value(self, delta: float) -> float:
+        observed = abs(self.total - delta * self.size) * (1 - 1e-9) - 1e-12  # ties count
+        hits = int((np.abs(self.flipped_sums - delta * self.flipped_sizes) >= observed).sum())
+        if self.exact:
+            return hits / len(self.flipped_sums)
+        return (1 + hits) / (len(self.flipped_sums) + 1)
+
+    def interval(self, estimate: float, alpha: float) -> tuple[float, float]:
+        """The δ not rejected at `alpha`, by bisection from the estimate outwards."""
+        return self._bound(estimate, -1.0, alpha), self._bound(estimate, 1.0, alpha)
+
+    def _bound(self, inside: float, edge: float, alpha: float) -> float:
+        if self.p_value(edge) > alpha:
+            return edge
+        for _ in range(40):  # to 2^-40 of the range
+            middle = (inside + edge) / 2
+            if self.p_value(middle) > alpha:
+                inside = middle
+            else:
+                edge = middle
+        return inside
+
+
+def unseen_effect(clusters: int, alpha: float) -> float:
+    """The largest effect (on a share of the tasks, at most 1 on each) that a sample of
+    `clusters` tasks misses entirely with chance α/2: 1 - (α/2)^(1/C)."""
+    return 1 - (alpha / 2) ** (1 / max(1, clusters))
+
+
+def unseen_effect_p(effect: float, clusters: int) -> float:
+    """The two-sided chance that an effect of this size on a share of the tasks went unseen."""
+    return min(1.0, 2 * (1 - min(1.0, effect)) ** max(1, clusters))
 
 
 def sign_flip_p(

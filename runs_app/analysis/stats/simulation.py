@@ -27,6 +27,9 @@ class Design:
     b: float = 2.0
     shift: float = 0.0  # the variant's log-odds change on every task
     error_share: float = 0.0  # of the variant's failed trials that end as infrastructure errors
+    # A sparse effect: the variant fixes this share of the failing tasks (p < 1/2 becomes 1 - p),
+    # leaving every other task as it was.
+    fixes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,16 @@ def true_values(design: Design, seed: int = 12345) -> tuple[float, float]:
     """The population's baseline pass rate, and Δ = E[p_variant - p_baseline] (by 400,000 draws)."""
     rng = np.random.default_rng(seed)
     p = rng.beta(design.a, design.b, 400_000)
-    return design.a / (design.a + design.b), float((_variant(p, design.shift) - p).mean())
+    fixed = rng.random(len(p)) < design.fixes
+    return design.a / (design.a + design.b), float((_variant(p, design.shift, fixed) - p).mean())
 
 
 def draw(design: Design, rng: np.random.Generator) -> tuple[list, list]:
     """One replicate: per task, (passes, graded) of the baseline and of the variant."""
     p = rng.beta(design.a, design.b, design.clusters)
+    fixed = rng.random(design.clusters) < design.fixes
     base = rng.binomial(design.repeats, p)
-    passes = rng.binomial(design.repeats, _variant(p, design.shift))
+    passes = rng.binomial(design.repeats, _variant(p, design.shift, fixed))
     fails = design.repeats - passes
     errors = rng.binomial(fails, design.error_share) if design.error_share else np.zeros_like(fails)
     baseline = [(int(k), design.repeats) for k in base]
@@ -73,10 +78,9 @@ def validity(design: Design, replicates: int, *, seed: int = 0, alpha: float = 0
         baseline, variant = draw(design, rng)
         rate = inference.rate_interval(baseline, clusters)
         covered_rate += rate is not None and rate.low <= true_rate <= rate.high
-        delta = inference.difference_interval(baseline, variant, clusters)
+        delta = inference.difference_interval(baseline, variant, clusters, 1 - alpha)
         covered_delta += delta is not None and delta.low - 1e-12 <= true_delta <= delta.high + 1e-12
-        tested = inference.sign_flip_p(baseline, variant, clusters)
-        rejected += tested is not None and tested[0] < alpha
+        rejected += delta is not None and delta.p_value < alpha
     return Validity(
         design,
         replicates,
@@ -124,7 +128,9 @@ class _FinishedRun:
     is_final = True
 
 
-def _variant(p: np.ndarray, shift: float) -> np.ndarray:
-    if not shift:
-        return p
-    return expit(logit(np.clip(p, 1e-12, 1 - 1e-12)) + shift)
+def _variant(p: np.ndarray, shift: float, fixed: np.ndarray | None = None) -> np.ndarray:
+    if shift:
+        p = expit(logit(np.clip(p, 1e-12, 1 - 1e-12)) + shift)
+    if fixed is not None and fixed.any():
+        p = np.where(fixed & (p < 0.5), 1 - p, p)
+    return p
