@@ -208,6 +208,7 @@ def _variant_facts(arm) -> VariantFacts:
         rate=arm.pass_rate,
         low=arm.low,
         high=arm.high,
+        low_if_errors_fail=arm.rate_if_errors_fail_low,
         versus=VersusFacts(
             clusters=versus.clusters,
             baseline_rate=versus.baseline_rate,
@@ -217,6 +218,8 @@ def _variant_facts(arm) -> VariantFacts:
             high=versus.high,
             p_adjusted=versus.p_holm,
             untested=versus.untested,
+            low_if_errors_fail=versus.delta_if_errors_fail_low,
+            detectable=versus.mde,
         )
         if versus
         else None,

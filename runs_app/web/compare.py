@@ -231,10 +231,15 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         row["delta"] = f"{versus.delta * 100:+.1f} pp"
         row["delta_interval"] = f"{versus.low * 100:+.1f} to {versus.high * 100:+.1f}"
         row["paired_rates"] = f"{_pct(versus.arm_rate)} vs {_pct(versus.baseline_rate)}"
-        row["mde"] = f"±{versus.mde * 100:.1f} pp" if versus.mde is not None else "–"
+        row["mde"] = f"±{versus.mde * 100:.1f} pp" if versus.mde is not None else "none: too few clusters"
         if versus.p_value is not None:
             row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
-            row["significant"] = versus.p_holm < 0.05
+            row["significant"] = versus.significant
+            row["depends_on_errors"] = versus.depends_on_errors
+        if versus.delta_if_errors_pass is not None and versus.delta_if_errors_fail is not None:
+            row["error_range"] = (
+                f"{versus.delta_if_errors_fail * 100:+.1f} to {versus.delta_if_errors_pass * 100:+.1f} pp"
+            )
     row["improved"] = _capped(versus.improved if versus else [])
     row["regressed"] = _capped(versus.regressed if versus else [])
     return row

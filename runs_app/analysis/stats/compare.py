@@ -138,21 +138,25 @@ class _Column:
     graded: list[PassCount]
     finished: list[PassCount]
     infra: list[PassCount]
+    if_pass: list[PassCount]  # (passes and infrastructure errors, finished): every error a pass
 
     @classmethod
     def of(cls, cells: list[Cell | None]) -> _Column:
-        graded, finished, infra = [], [], []
+        graded: list[PassCount] = []
+        finished: list[PassCount] = []
+        infra: list[PassCount] = []
+        if_pass: list[PassCount] = []
         for cell in cells:
             if cell is None:
-                graded.append((0, 0))
-                finished.append((0, 0))
-                infra.append((0, 0))
+                for column in (graded, finished, infra, if_pass):
+                    column.append((0, 0))
                 continue
             tally = cell.tally
             graded.append((cell.passed, tally.graded))
             finished.append((cell.passed, tally.finished))
             infra.append((tally.infra_errors, tally.finished))
-        return cls(cells, graded, finished, infra)
+            if_pass.append((cell.passed + tally.infra_errors, tally.finished))
+        return cls(cells, graded, finished, infra, if_pass)
 
 
 def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, confidence: float) -> ArmSummary:
@@ -291,7 +295,7 @@ def _versus(
     units, clusters, base: _Column, other: _Column, confidence, alpha, final, untested, draws, seed
 ) -> Versus | None:
     baseline, arm = base.graded, other.graded
-    delta = inference.difference_interval(baseline, arm, clusters, confidence)
+    delta = inference.difference_interval(baseline, arm, clusters, confidence, draws=draws, seed=seed)
     if delta is None:
         return None
     paired = [j for j, (b, a) in enumerate(zip(baseline, arm, strict=True)) if b[1] and a[1]]
@@ -305,62 +309,98 @@ def _versus(
         low=delta.low,
         high=delta.high,
         se=delta.se,
-        mde=inference.detectable_effect(delta.se, delta.clusters, alpha, POWER) if delta.se else None,
+        mde=inference.detectable_effect(delta.se, delta.clusters, alpha, POWER),
         test=None,
         untested=untested,
+        alpha=alpha,
     )
     if not untested and not final:
         versus.untested = (
             "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
         )
-    tested = (
-        None if versus.untested else inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
-    )
-    if tested is not None:
-        p_value, exact = tested
-        versus.p_value = p_value
-        versus.test = "sign-flip, exact" if exact else f"sign-flip, {draws:,} draws"
-    _error_effects(versus, base, other, clusters, confidence, alpha)
-    _changed_units(versus, units, paired, baseline, arm, alpha)
+    if not versus.untested:
+        versus.p_value = delta.p_value
+        draws_text = "exact" if delta.exact else f"{draws:,} draws"
+        versus.test = f"sign-flip ({draws_text}), floored by the number of clusters"
+    _error_effects(versus, base, other, clusters, confidence, alpha, draws, seed)
+    _changed_units(versus, units, paired, baseline, arm)
     return versus
 
 
 def _error_effects(
-    versus: Versus, base: _Column, other: _Column, clusters, confidence: float, alpha: float
+    versus: Versus, base: _Column, other: _Column, clusters, confidence: float, alpha: float, draws, seed
 ) -> None:
-    """Δ with every error a fail, and whether the arms' infrastructure-error shares differ."""
-    if_fail = inference.difference_interval(base.finished, other.finished, clusters, confidence)
-    if if_fail:
-        versus.delta_if_errors_fail = if_fail.estimate
-        versus.delta_if_errors_fail_low, versus.delta_if_errors_fail_high = if_fail.low, if_fail.high
+    """Δ with every infrastructure error a fail and with every one a pass, and whether the arms'
+    infrastructure-error shares differ."""
+    for form, counts in (("fail", (base.finished, other.finished)), ("pass", (base.if_pass, other.if_pass))):
+        found = inference.difference_interval(*counts, clusters, confidence, draws=draws, seed=seed)
+        if found is not None:
+            setattr(versus, f"delta_if_errors_{form}", found.estimate)
+            setattr(versus, f"delta_if_errors_{form}_low", found.low)
+            setattr(versus, f"delta_if_errors_{form}_high", found.high)
     base_errors, arm_errors = base.infra, other.infra
-    shares = inference.difference_interval(base_errors, arm_errors, clusters, confidence)
+    shares = inference.difference_interval(
+        base_errors, arm_errors, clusters, confidence, draws=draws, seed=seed
+    )
     if shares is None:
         return
     both = [(b, a) for b, a in zip(base_errors, arm_errors, strict=True) if b[1] and a[1]]
     versus.baseline_error_share = math.fsum(b[0] / b[1] for b, _ in both) / len(both)
     versus.arm_error_share = versus.baseline_error_share + shares.estimate
     if any(b[0] or a[0] for b, a in both):
-        tested = inference.sign_flip_p(base_errors, arm_errors, clusters)
-        versus.error_p = tested[0] if tested else None
-        versus.errors_differ = versus.error_p is not None and versus.error_p < alpha
+        versus.error_p = shares.p_value
+        versus.errors_differ = versus.error_p < alpha
 
 
-def _changed_units(versus: Versus, units, paired: list[int], baseline, arm, alpha: float) -> None:
-    """Units whose own trials differ significantly (Fisher's exact test at α, unadjusted).
+def _robust_to_errors(versus: Versus) -> bool:
+    """Whether Δ's interval leaves 0 on the same side with every infrastructure error a fail and
+    with every one a pass (so no outcome of the trials they took could undo it)."""
+    sides = []
+    for form in ("fail", "pass"):
+        low = getattr(versus, f"delta_if_errors_{form}_low")
+        high = getattr(versus, f"delta_if_errors_{form}_high")
+        if low is None or high is None:
+            return True  # no error changes the units' counts
+        sides.append(1 if low > 0 else -1 if high < 0 else 0)
+    headline = 1 if versus.low > 0 else -1 if versus.high < 0 else 0
+    return all(side == headline for side in sides)
 
-    With one or two trials per arm no unit can reach α = 0.05, so nothing is listed: a single
-    flipped trial is not evidence. If nothing changed, at most α × units would be listed."""
+
+def _changed_units(versus: Versus, units, paired: list[int], baseline, arm) -> None:
+    """Units whose rate differs between the arms, largest change first, with how many would
+    differ in each direction by chance (each unit's trials drawn at its pooled rate in both
+    arms): with a few repeats a unit alone proves little, so the lists are read against that."""
     for j in paired:
         (bp, bn), (ap, an) = baseline[j], arm[j]
-        p_value = _fisher(bp, bn, ap, an)
         change = ap / an - bp / bn
-        if p_value < alpha and change:
+        up, down = _chance_of_change(bp + ap, bn, an)
+        versus.improved_by_chance += up
+        versus.regressed_by_chance += down
+        if change:
             listed = versus.improved if change > 0 else versus.regressed
-            listed.append(UnitDelta(units[j].label, f"{bp}/{bn}", f"{ap}/{an}", change, p_value))
+            listed.append(
+                UnitDelta(units[j].label, f"{bp}/{bn}", f"{ap}/{an}", change, _fisher(bp, bn, ap, an))
+            )
     versus.improved.sort(key=lambda d: (-d.delta, d.unit))
     versus.regressed.sort(key=lambda d: (d.delta, d.unit))
-    versus.listed_by_chance = alpha * len(paired)
+
+
+@lru_cache(maxsize=4096)
+def _chance_of_change(passes: int, baseline_n: int, arm_n: int) -> tuple[float, float]:
+    """P(the arm's rate > the baseline's) and P(<), both drawn Binomial at the pooled rate."""
+    rate = passes / (baseline_n + arm_n)
+    base = [
+        math.comb(baseline_n, k) * rate**k * (1 - rate) ** (baseline_n - k) for k in range(baseline_n + 1)
+    ]
+    other = [math.comb(arm_n, k) * rate**k * (1 - rate) ** (arm_n - k) for k in range(arm_n + 1)]
+    up = down = 0.0
+    for kb, pb in enumerate(base):
+        for ka, pa in enumerate(other):
+            if ka * baseline_n > kb * arm_n:
+                up += pb * pa
+            elif ka * baseline_n < kb * arm_n:
+                down += pb * pa
+    return up, down
 
 
 @lru_cache(maxsize=4096)
@@ -373,6 +413,7 @@ def _holm(arms: list[ArmSummary]) -> None:
     p_values = [versus.p_value for versus in tested if versus.p_value is not None]
     for versus, adjusted in zip(tested, intervals.holm(p_values), strict=True):
         versus.p_holm = adjusted
+        versus.depends_on_errors = adjusted < versus.alpha and not _robust_to_errors(versus)
 
 
 # --- breakdowns and the heat-map ------------------------------------------------------------------

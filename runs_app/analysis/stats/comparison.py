@@ -175,7 +175,7 @@ class UnitDelta:
     baseline: str  # "k/n"
     variant: str
     delta: float
-    p_value: float  # Fisher's exact test of this unit alone
+    p_value: float  # Fisher's exact test of this unit alone (informative: a few repeats prove little)
 
 
 @dataclass
@@ -202,13 +202,30 @@ class Versus:
     delta_if_errors_fail: float | None = None
     delta_if_errors_fail_low: float | None = None
     delta_if_errors_fail_high: float | None = None
+    # The same with every infrastructure error counted as a pass: with the above, how much Δ
+    # could depend on the trials the errors took.
+    delta_if_errors_pass: float | None = None
+    delta_if_errors_pass_low: float | None = None
+    delta_if_errors_pass_high: float | None = None
+    # Significant (Holm p < α) but not with every error a fail, or not with every error a pass.
+    depends_on_errors: bool = False
     baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
     errors_differ: bool = False  # error_p below the comparison's α
     improved: list[UnitDelta] = field(default_factory=list)
     regressed: list[UnitDelta] = field(default_factory=list)
-    listed_by_chance: float = 0.0  # at most this many units listed if nothing changed
+    # How many units would show a change in each direction if the arms were the same (each unit
+    # at its pooled rate): the lists are read against these.
+    improved_by_chance: float = 0.0
+    regressed_by_chance: float = 0.0
+
+    @property
+    def significant(self) -> bool:
+        """Holm p below the comparison's α, whatever the infrastructure errors took."""
+        return self.p_holm is not None and self.p_holm < self.alpha and not self.depends_on_errors
+
+    alpha: float = 0.05
 
 
 @dataclass

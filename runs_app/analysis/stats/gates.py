@@ -39,6 +39,8 @@ class VersusFacts:
     high: float
     p_adjusted: float | None  # Holm-adjusted across the run's variants; None when untested
     untested: str = ""  # why no test was run
+    low_if_errors_fail: float | None = None  # Δ's lower bound with every error a fail
+    detectable: float | None = None  # the smallest |Δ| the design detects; None: none
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class VariantFacts:
     rate: float | None = None
     low: float | None = None
     high: float | None = None
+    low_if_errors_fail: float | None = None  # the rate's lower bound with every error a fail
     versus: VersusFacts | None = None
 
     @property
@@ -156,15 +159,26 @@ def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, s
         return name, False, targets
     passed, parts = True, []
     for variant in targets:
-        if variant.rate is None:
+        if variant.rate is None or variant.low is None or variant.high is None:
             passed = False
             parts.append(f"{variant.slug}: no graded trial")
             continue
         judged = variant.low if bound else variant.rate
-        ok = judged is not None and judged >= gate.value
-        passed &= ok
+        ok = judged >= gate.value
         figure = f"{variant.slug}: {variant.rate:.1%} [{variant.low:.1%}, {variant.high:.1%}]"
-        if bound and ok:
+        if (
+            bound
+            and ok
+            and variant.low_if_errors_fail is not None
+            and variant.low_if_errors_fail < gate.value
+        ):
+            ok = False
+            parts.append(
+                f"{figure}: cannot decide: its lower bound {variant.low:.1%} reaches {gate.value:.1%}, but "
+                f"with every infrastructure error a fail it is {variant.low_if_errors_fail:.1%}: the "
+                f"{variant.tally.infra_errors} errors could hide fails (run them again)"
+            )
+        elif bound and ok:
             parts.append(f"{figure}: its lower bound {variant.low:.1%} reaches {gate.value:.1%}")
         elif bound:
             parts.append(
@@ -174,6 +188,7 @@ def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, s
             )
         else:
             parts.append(f"{figure}: the estimate is {'at least' if ok else 'below'} {gate.value:.1%}")
+        passed &= ok
     return name, passed, "; ".join(parts) + _method(facts)
 
 
@@ -200,8 +215,7 @@ def _max_error_share(gate: MaxErrorShareGate, facts: RunFacts) -> tuple[str, boo
 
 
 def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, str]:
-    form = f"margin {gate.margin:.0%}" if gate.margin else f"alpha {gate.alpha:g}"
-    name = f"no_regression vs {facts.baseline or 'baseline'} ({form}, {_scope(gate)})"
+    name = f"no_regression vs {facts.baseline or 'baseline'} (margin {gate.margin:.0%}, {_scope(gate)})"
     if gate.variant is not None and gate.variant == facts.baseline:
         return name, False, f"variant {gate.variant!r} is the baseline: name another variant"
     targets = _targets(gate, facts)
@@ -219,6 +233,7 @@ def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, 
 
 
 def _judge_regression(gate: NoRegressionGate, variant: VariantFacts) -> tuple[bool, str]:
+    """Non-inferiority: Δ's lower bound at least -margin, as measured and with every error a fail."""
     versus = variant.versus
     if versus is None:
         return False, "no unit graded in both arms, so there is no evidence it did not regress"
@@ -226,20 +241,32 @@ def _judge_regression(gate: NoRegressionGate, variant: VariantFacts) -> tuple[bo
         f"Δ {versus.delta * 100:+.1f} pp [{versus.low * 100:+.1f}, {versus.high * 100:+.1f}] "
         f"({versus.arm_rate:.1%} vs {versus.baseline_rate:.1%} over the same units)"
     )
+    detectable = (
+        f"the design detects |Δ| ≥ {versus.detectable * 100:.1f} pp"
+        if versus.detectable is not None
+        else f"{versus.clusters} paired clusters detect no Δ at all"
+    )
     if versus.clusters < gate.min_clusters:
         return False, (
             f"{figure} over only {versus.clusters} paired clusters, fewer than the {gate.min_clusters} "
-            "this gate needs as evidence"
+            f"this gate needs as evidence ({detectable})"
         )
-    if gate.margin is not None:
-        ok = versus.low >= -gate.margin
-        relation = "within" if ok else "beyond"
-        return ok, f"{figure}: the lower bound is {relation} the -{gate.margin * 100:.1f} pp margin"
-    if versus.p_adjusted is None:
-        return False, f"{figure}: not tested ({versus.untested or 'no valid test'})"
-    regressed = versus.delta < 0 and versus.p_adjusted < gate.alpha
-    verdict = "a significant regression" if regressed else "no significant regression"
-    return not regressed, f"{figure}, Holm p = {versus.p_adjusted:.3g}: {verdict}"
+    if versus.untested:
+        return False, f"{figure}: no valid comparison ({versus.untested})"
+    margin = -gate.margin
+    if versus.low < margin:
+        why = (
+            f"cannot decide: {detectable}, more than the {gate.margin * 100:.1f} pp margin (add tasks)"
+            if versus.detectable is None or versus.detectable > gate.margin
+            else f"its lower bound is beyond the -{gate.margin * 100:.1f} pp margin"
+        )
+        return False, f"{figure}: {why}"
+    if versus.low_if_errors_fail is not None and versus.low_if_errors_fail < margin:
+        return False, (
+            f"{figure}: cannot decide: with every infrastructure error a fail the lower bound is "
+            f"{versus.low_if_errors_fail * 100:+.1f} pp, beyond the margin (run the errors again)"
+        )
+    return True, f"{figure}: the lower bound is within the -{gate.margin * 100:.1f} pp margin ({detectable})"
 
 
 def _method(facts: RunFacts) -> str:

@@ -351,11 +351,18 @@ def _lattice_pmf(groups: list[tuple[int, int]], total: int) -> np.ndarray:
     return np.clip(np.fft.irfft(magnitude * np.exp(1j * phase), n=size)[: total + 1], 0, None)
 
 
-def detectable_effect(se: float, clusters: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest |Δ| a two-sided test at `alpha` detects with `power`, given Δ's standard
-    error over `clusters` clusters: (t(1 - α/2, C - 1) + t(power, C - 1))·se."""
-    df = max(1, clusters - 1)
-    return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se
+def detectable_effect(
+    se: float | None, clusters: int, alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest |Δ| the comparison's test detects with `power` at `alpha`, over `clusters`
+    clusters with Δ's standard error `se`: (t(1 - α/2, C - 1) + t(power, C - 1))·se, never below
+    the floor the number of clusters sets (`unseen_effect`); None when no Δ can be detected:
+    the sign-flip test cannot reach α below log2(2/α) clusters (p ≥ 2/2^C)."""
+    if clusters < 2 or 2.0 ** (1 - clusters) >= alpha:
+        return None
+    df = clusters - 1
+    from_spread = (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se if se else 0.0
+    return min(1.0, max(from_spread, unseen_effect(clusters, alpha)))
 
 
 def _z_quantile(confidence: float) -> float:

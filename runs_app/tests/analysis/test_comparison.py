@@ -150,15 +150,16 @@ def test_it_compares_over_paired_units_with_the_sign_flip_test():
     assert versus.units == 5
     assert (versus.baseline_rate, versus.arm_rate) == pytest.approx((3 / 5, 4 / 5))
     assert versus.delta == pytest.approx(versus.arm_rate - versus.baseline_rate) == pytest.approx(0.2)
-    assert versus.test == "sign-flip, exact"
+    assert versus.test == "sign-flip (exact), floored by the number of clusters"
     # With one repeat the sign-flip test is McNemar's exact test.
     assert versus.p_value == intervals.mcnemar_exact(2, 1) == 1.0 and versus.p_holm == 1.0
-    # Newcombe's paired interval is the floor: the hull contains it.
-    _, low, high = intervals.newcombe_paired_interval(2, 2, 1, 0)
-    assert versus.low <= low and versus.high >= high
-    # One trial a side is no evidence that a unit changed: nothing is listed.
-    assert versus.improved == [] and versus.regressed == []
-    assert versus.listed_by_chance == pytest.approx(0.05 * 5)
+    # The floor five clusters set: an effect on a few tasks may be missing from five of them.
+    reach = inference.unseen_effect(5, 0.05)
+    assert versus.low <= 0.2 - reach and versus.high >= 0.2 + reach
+    # The units that changed, read against what identical arms would show by chance: each
+    # discordant unit (pooled rate 1/2) shows a change either way a quarter of the time.
+    assert [d.unit for d in versus.improved] == ["t3", "t4"] and [d.unit for d in versus.regressed] == ["t2"]
+    assert versus.improved_by_chance == versus.regressed_by_chance == pytest.approx(3 * 0.25)
 
 
 def test_it_reports_score_duration_tokens_and_cost():
@@ -214,15 +215,16 @@ def test_a_unit_with_fewer_graded_trials_leaves_only_the_larger_k():
 
 def test_it_tests_the_paired_difference_over_units_with_repeats():
     versus = arm(load.compare_runs([make_run(make_experiment(), REPEATS)]), "new").versus
-    assert versus.test == "sign-flip, exact"
+    assert versus.test == "sign-flip (exact), floored by the number of clusters"
     # Per-unit differences 1/3, 1/3, 0: Δ is their mean; two equal non-zero differences flip
-    # to the same |sum| in 2 of 4 sign patterns.
+    # to the same |sum| in 2 of 4 sign patterns (p 1/2), but three clusters could miss an effect
+    # of 2/9 with chance 2(1 - 2/9)^3: that is the p.
     assert versus.delta == pytest.approx(2 / 9)
     assert versus.low <= versus.delta <= versus.high
-    assert versus.p_value == pytest.approx(0.5)
-    assert versus.mde is not None and versus.mde > 0
-    # 2/3 against 3/3 on one unit is not significant on its own.
-    assert versus.improved == [] and versus.regressed == []
+    assert versus.p_value == pytest.approx(max(0.5, 2 * (7 / 9) ** 3))
+    # Three clusters cannot reach p < 0.05 (2/2^3 = 1/4): nothing is detectable.
+    assert versus.mde is None
+    assert [d.unit for d in versus.improved] == ["a", "b"] and versus.regressed == []
 
 
 def test_it_never_gives_a_zero_width_interval_when_every_unit_agrees():
@@ -376,7 +378,7 @@ def test_it_summarises_as_flat_rows_and_json_ready_data():
     assert rows[1]["delta"] == pytest.approx(2 / 9) and rows[0]["delta"] is None
     assert rows[0]["pass@3"] == pytest.approx(2 / 3)
     data = result.to_dict()
-    assert data["arms"][1]["versus"]["test"] == "sign-flip, exact"
+    assert data["arms"][1]["versus"]["test"] == "sign-flip (exact), floored by the number of clusters"
     assert data["cluster"] == "unit" and "cluster-robust t" in data["method"]
 
 
