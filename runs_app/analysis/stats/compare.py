@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -202,8 +203,8 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         rate_if_errors_fail_low=if_fail.low if if_fail else None,
         rate_if_errors_fail_high=if_fail.high if if_fail else None,
         mean_score=score.estimate if score else None,
-        mean_score_low=score.low if score and score.se is not None else None,
-        mean_score_high=score.high if score and score.se is not None else None,
+        mean_score_low=max(0.0, score.low) if score and score.se is not None else None,
+        mean_score_high=min(1.0, score.high) if score and score.se is not None else None,
         median_duration=statistics.median(durations) if durations else None,
         pass_at_k=curves["pass_at_k"],
         pass_at_k_low=curves["pass_at_k_low"],
@@ -244,11 +245,10 @@ def _interval_words(rate: Interval | None) -> str:
 
 
 def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dict[str, dict[int, Any]]:
-    """Mean pass@k (with interval) and pass^k over the units with at least k graded trials.
-
-    A unit that lost a trial to an error leaves only the k it cannot estimate; the units each
-    k averages over are reported beside it (`pass_at_k_units`).
-    """
+    """Mean pass@k (with a floored interval) and pass^k for every k, over one fixed set of units:
+    those with at least the arm's usual number of graded trials (its most common count), so the
+    curve compares like with like at every k (a unit that lost trials to errors is left out of
+    all of them; `pass_at_k_units` says how many units remain)."""
     curves: dict[str, dict[int, Any]] = {
         "pass_at_k": {},
         "pass_at_k_low": {},
@@ -256,16 +256,17 @@ def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dic
         "pass_at_k_units": {},
         "pass_hat_k": {},
     }
-    top = max((n for _, n in counts), default=0)
-    for k in k_grid(top):
-        kept = [(p, n, key) for (p, n), key in zip(counts, clusters, strict=True) if n >= k]
-        at = inference.ratio_interval(
-            [_pass_at_k(n, p, k) for p, n, _ in kept], [1] * len(kept), [key for *_, key in kept], confidence
-        )
-        assert at is not None  # every unit has at least one trial, so k = 1 keeps them all
+    graded = [n for _, n in counts if n]
+    if not graded:
+        return curves
+    usual = max(Counter(graded).items(), key=lambda item: (item[1], item[0]))[0]
+    kept = [(p, n, key) for (p, n), key in zip(counts, clusters, strict=True) if n >= usual]
+    keys = [key for *_, key in kept]
+    for k in k_grid(usual):
+        at = inference.floored_mean_interval([_pass_at_k(n, p, k) for p, n, _ in kept], keys, confidence)
         curves["pass_at_k"][k] = at.estimate
-        curves["pass_at_k_low"][k] = max(0.0, at.low)
-        curves["pass_at_k_high"][k] = min(1.0, at.high)
+        curves["pass_at_k_low"][k] = at.low
+        curves["pass_at_k_high"][k] = at.high
         curves["pass_at_k_units"][k] = len(kept)
         curves["pass_hat_k"][k] = math.fsum(_pass_hat_k(n, p, k) for p, n, _ in kept) / len(kept)
     return curves

@@ -148,6 +148,27 @@ class PairedDelta(NamedTuple):
     exact: bool  # the sign-flip distribution was enumerated, not drawn
 
 
+def floored_mean_interval(
+    values: Sequence[float], clusters: Sequence[Hashable], confidence: float = 0.95
+) -> Interval:
+    """The mean of per-unit values in [0, 1] (pass@k) with the cluster-robust t interval, floored
+    as a rate's is: a continuity-corrected Wilson interval on the effective number of clusters
+    (θ(1 - θ)/V, capped at the clusters; the clusters themselves where V is 0), inside [0, 1]."""
+    main = ratio_interval(values, [1] * len(values), clusters, confidence)
+    if main is None:
+        raise ValueError("no values")
+    theta, count = main.estimate, main.clusters
+    if main.se is None or count < 2:
+        low, high = wilson_cc_interval(theta, max(1, count), _z_quantile(confidence))
+        return Interval(theta, low, high, count, main.se)
+    variance = main.se**2
+    effective = count if variance == 0 or theta in (0.0, 1.0) else min(count, theta * (1 - theta) / variance)
+    low, high = wilson_cc_interval(
+        theta, max(1.0, effective), t_quantile(1 - (1 - confidence) / 2, count - 1)
+    )
+    return Interval(theta, max(0.0, min(low, main.low)), min(1.0, max(high, main.high)), count, main.se)
+
+
 def difference_interval(
     baseline: Sequence[PassCount],
     arm: Sequence[PassCount],

@@ -204,13 +204,16 @@ def test_it_gives_pass_at_k_and_pass_hat_k_with_repeats():
     assert base.flaky == ["a"]
 
 
-def test_a_unit_with_fewer_graded_trials_leaves_only_the_larger_k():
-    outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}}
+def test_pass_at_k_is_over_one_set_of_units_for_every_k():
+    outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}, "c": {"base": "FFP"}}
     base = arm(load.compare_runs([make_run(make_experiment(), outcomes)]), "base")
-    # b has 2 graded trials: it counts for k = 1, 2; k = 3 is a's alone (pass@3 1, pass^3 0).
-    assert base.pass_at_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1.0, 3: 1.0})
-    assert base.pass_hat_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1 / 6, 3: 0.0})
-    assert base.pass_at_k_units == {1: 2, 2: 2, 3: 1}
+    # b lost a trial to an error: the curve is over a and c (3 graded trials, the usual count)
+    # at every k, so it cannot bend because a different set of units enters at some k.
+    assert base.pass_at_k == pytest.approx({1: 1 / 2, 2: (1 + 2 / 3) / 2, 3: 1.0})
+    assert base.pass_hat_k == pytest.approx({1: 1 / 2, 2: 1 / 6, 3: 0.0})
+    assert base.pass_at_k_units == {1: 2, 2: 2, 3: 2}
+    # Floored: never a zero-width interval, inside [0, 1].
+    assert all(0 <= base.pass_at_k_low[k] < base.pass_at_k[k] <= base.pass_at_k_high[k] <= 1 for k in (1, 2))
 
 
 def test_it_tests_the_paired_difference_over_units_with_repeats():
