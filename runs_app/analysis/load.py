@@ -15,6 +15,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import Avg, Case, Count, F, FloatField, Q, When
+from django.db.models.functions import Cast
+
 from evalsite.keyed_locks import Recent
 from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
@@ -224,3 +227,30 @@ def _variant_facts(arm) -> VariantFacts:
         if versus
         else None,
     )
+
+
+def variant_rates(run_ids: Sequence[int]) -> dict[int, list[tuple[str, float | None, int]]]:
+    """Each run's variants with the comparison's pass rate, for the lists (one query over the
+    tallies): the mean over units of each unit's passed / (passed + failed + agent errors),
+    the rule and the estimate of `compare` (`analysis.stats.tally`), never a rate pooled over
+    trials or variants. (variant, rate or None when no unit was graded, graded units)."""
+    graded_trials = F("passed") + F("failed") + F("agent_errors")
+    rows = (
+        UnitTally.objects.filter(run_id__in=list(run_ids))
+        .values("run_id", "variant__slug", "variant__position")
+        .annotate(
+            rate=Avg(
+                Case(
+                    When(Q(passed__gt=0) | Q(failed__gt=0) | Q(agent_errors__gt=0),
+                         then=Cast("passed", FloatField()) / Cast(graded_trials, FloatField())),
+                    output_field=FloatField(),
+                )
+            ),
+            units=Count("pk", filter=Q(passed__gt=0) | Q(failed__gt=0) | Q(agent_errors__gt=0)),
+        )
+        .order_by("run_id", "variant__position", "variant__slug")
+    )  # fmt: skip
+    found: dict[int, list[tuple[str, float | None, int]]] = {run_id: [] for run_id in run_ids}
+    for row in rows:
+        found[row["run_id"]].append((row["variant__slug"], row["rate"], row["units"]))
+    return found
