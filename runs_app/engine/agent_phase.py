@@ -20,7 +20,7 @@ from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.criteria import early_stop
 from runs_app.engine.gateway import roles
 from runs_app.engine.grading import AgentTrace
-from runs_app.engine.outcome import Outcome, TrialAborted
+from runs_app.engine.outcome import AGENT_ERROR_CATEGORIES, Outcome, TrialAborted
 from runs_app.engine.recording import redact
 from runs_app.engine.sandbox import Limits, Mount, Phase, ProcessResult
 from runs_app.engine.simulation import answerers, conversation
@@ -190,7 +190,8 @@ class AgentPhase:
             return failure
         agent = run.outcome()
         self.context.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
-        outcome = self._agent_outcome(agent, run.result())
+        upstream_failed = model_gateway is not None and model_gateway.upstream_failures > 0
+        outcome = self._agent_outcome(agent, run.result(), upstream_failed)
         if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
             outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
         return outcome
@@ -366,7 +367,9 @@ class AgentPhase:
             return "early_stop"
         return None
 
-    def _agent_outcome(self, agent: agent_base.AgentOutcome, result: ProcessResult | None) -> Outcome:
+    def _agent_outcome(
+        self, agent: agent_base.AgentOutcome, result: ProcessResult | None, upstream_failed: bool
+    ) -> Outcome:
         self.trace.tool_calls, self.trace.final_text = agent.tool_calls, agent.final_text
         secret_values = self.context.secret_values
         cap = settings.AGENT_OUTPUT_CAP_BYTES
@@ -388,6 +391,15 @@ class AgentPhase:
             outcome.status = Trial.Status.ERROR
             outcome.error_category = agent.error_category or "agent_error"
             outcome.error_message = redact(agent.error or "the agent failed", secret_values)
+            if outcome.error_category not in AGENT_ERROR_CATEGORIES and not upstream_failed:
+                # What the agent's own stream says is not evidence: an agent (or a command it ran,
+                # writing to its stream) could claim the API failed to leave the pass rate. Only
+                # a failure its gateway saw makes it an infrastructure error.
+                outcome.error_message += (
+                    f" (reported as {outcome.error_category}, but the gateway saw no failure of the "
+                    "model's API: counted as the agent's error)"
+                )
+                outcome.error_category = "agent_error"
         elif agent.status == agent_base.LIMIT and agent.limit == "early_stop":
             outcome.stopped_early = self.trace.early_stop.reason if self.trace.early_stop else "early_stop"
         elif agent.status == agent_base.LIMIT:

@@ -4,6 +4,22 @@ from dataclasses import dataclass, field
 
 from runs_app.engine.usage import Usage
 
+# `Trial.error_category` values that mean the agent failed, not the harness around it: the agent
+# kinds' own (engine.agents) and those of imported coder-eval runs (timeout, token budget). The
+# pass rate counts them as fails (`analysis.stats.tally`); any other category is left out of it.
+AGENT_ERROR_CATEGORIES = frozenset(
+    {
+        "agent_error",
+        "crash",
+        "no_result",
+        "max_turns",
+        "max_usd",
+        "prompt_too_long",
+        "timeout",
+        "token_budget_exceeded",
+    }
+)
+
 
 class TrialAborted(Exception):
     """Setup failed in a way that makes the trial `error` (message says what to fix)."""

@@ -61,7 +61,10 @@ GIT_TIMEOUT = 120.0
 def host_folder(name: str) -> Path:
     """A fresh folder for a sandbox under TRIAL_ROOT (whose mode lets sandbox uids reach it)."""
     root = Path(settings.TRIAL_ROOT)
-    root.mkdir(parents=True, exist_ok=True)
+    missing = [folder for folder in [*reversed(root.parents), root] if not folder.exists()]
+    for folder in missing:  # the worker's umask may be 077: what it makes, sandbox uids must cross
+        folder.mkdir(exist_ok=True)
+        os.chmod(folder, 0o711)
     os.chmod(root, 0o711)
     return root / f"{name}-{uuid.uuid4().hex[:8]}"
 

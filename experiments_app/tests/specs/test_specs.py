@@ -304,8 +304,16 @@ def test_it_lists_the_task_and_layer_field_names_in_one_place():
         "prompt_mutations",
         "repeats",
     }
-    # Identity and fan-out belong to the task alone: no layer may change them.
-    assert set(TASK_FIELDS) - set(LAYER_FIELDS) == {"task_id", "description", "tags", "skip", "dataset"}
+    # Identity and fan-out belong to the task alone: no layer may change them; nor what the
+    # agent must leave alone (a variant cannot lift its task's protection).
+    assert set(TASK_FIELDS) - set(LAYER_FIELDS) == {
+        "task_id",
+        "description",
+        "tags",
+        "skip",
+        "dataset",
+        "integrity",
+    }
 
 
 def test_it_allows_only_one_prompt_change_per_variant():

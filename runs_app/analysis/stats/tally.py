@@ -12,20 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# `Trial.error_category` values that mean the agent failed, not the harness around it: the agent
-# kinds' own (engine.agents) and those of imported coder-eval runs (timeout, token budget).
-AGENT_ERROR_CATEGORIES = frozenset(
-    {
-        "agent_error",
-        "crash",
-        "no_result",
-        "max_turns",
-        "max_usd",
-        "prompt_too_long",
-        "timeout",
-        "token_budget_exceeded",
-    }
-)
+from runs_app.engine.outcome import AGENT_ERROR_CATEGORIES
+
+__all__ = ["AGENT_ERROR_CATEGORIES", "Tally", "pass_rate"]
 
 
 def pass_rate(passed: int, failed: int) -> float | None:

@@ -151,7 +151,11 @@ class BaseParser:
             return []
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past what Python parses: plain output
+            obj = None
+        # A line nested deeper than any protocol's is plain output: stored as parsed, it could
+        # not be written back as JSON (Python encodes recursively).
+        if isinstance(obj, dict) and nested_deeper(obj, MAX_PROTOCOL_DEPTH):
             obj = None
         events = self._parse(obj) if isinstance(obj, dict) else None
         return [AgentEvent("output", {"text": line})] if events is None else events
@@ -299,6 +303,23 @@ def _set(
 def _stderr_tail(result: ProcessResultLike, chars: int = 500) -> str:
     text = as_text(getattr(result, "stderr", "") or "").strip()
     return f": {text[-chars:]}" if text else ""
+
+
+MAX_PROTOCOL_DEPTH = 64
+
+
+def nested_deeper(data: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def mapping(value: Any) -> dict[str, Any]:

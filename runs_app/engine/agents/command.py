@@ -124,22 +124,42 @@ class CommandParser(BaseParser):
 
     def _usage(self, obj: dict[str, Any]) -> list[AgentEvent]:
         usage = self.usage
-        usage.input_tokens += _int(obj.get("input_tokens"))
-        usage.output_tokens += _int(obj.get("output_tokens"))
-        usage.cache_read_tokens += _int(obj.get("cache_read_tokens"))
-        usage.cache_creation_tokens += _int(obj.get("cache_creation_tokens"))
-        usage.turns += _int(obj.get("turns", 1))
-        cost = obj.get("cost_usd")
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            usage.cost_usd = (usage.cost_usd or 0.0) + float(cost)
+        usage.input_tokens += _count(obj.get("input_tokens"))
+        usage.output_tokens += _count(obj.get("output_tokens"))
+        usage.cache_read_tokens += _count(obj.get("cache_read_tokens"))
+        usage.cache_creation_tokens += _count(obj.get("cache_creation_tokens"))
+        usage.turns += _count(obj.get("turns", 1))
+        cost = _cost(obj.get("cost_usd"))
+        if cost is not None:
+            usage.cost_usd = (usage.cost_usd or 0.0) + cost
         return [self._usage_event()]
 
 
-def _int(value: Any) -> int:
-    # A malformed number from a user's script must not crash the trial: count it as zero.
+# A script's numbers are counted only up to these per line: beyond, they are a bug of the script,
+# and summed they would overflow the stored columns (or, for a cost, become infinite).
+MAX_REPORTED_TOKENS = 10**9
+MAX_REPORTED_COST_USD = 1e6
+
+
+def _count(value: Any) -> int:
+    # A malformed, negative or absurd number from a user's script must neither crash the trial
+    # (int(inf) raises OverflowError) nor lower a total: count it as zero.
     if isinstance(value, bool):
         return 0
     try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return 0
+    return number if 0 <= number <= MAX_REPORTED_TOKENS else 0
+
+
+def _cost(value: Any) -> float | None:
+    """A reported cost, or None (ignored) unless it is a number in [0, MAX_REPORTED_COST_USD]: a
+    negative one would make the variant look cheaper, NaN or infinity would spoil every mean."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        cost = float(value)
+    except OverflowError:  # an integer past float's range
+        return None
+    return cost if 0.0 <= cost <= MAX_REPORTED_COST_USD else None

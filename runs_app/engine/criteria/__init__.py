@@ -16,9 +16,14 @@ Rules (coder-eval's unless noted):
 2. The trial's score is the weight-averaged score; 0.0 when the weights sum to 0.
 3. The trial passes when every gating criterion passes (so an all-informational task passes).
 4. evalsite: a criterion that crashes (bad parameters, unknown type, a sandbox or judge
-   failure) sets GradeResult.error: the trial is `error`, not `failed`.
+   failure, a bug of the grader) sets GradeResult.error: the trial is `error`, not `failed`.
    A check that merely does not hold (missing file, wrong exit code) is a failure, score 0.
-5. Paths are relative to the workspace; absolute paths and `..` are configuration errors, and
+5. evalsite: what the agent left can make a check fail, never crash: a link loop, a FIFO, socket
+   or device, a file over MAX_FILE_BYTES, JSON nested too deeply, an unreadable mode, a search
+   that does not finish in time each fail the check, its details saying what was found. The
+   readers (`base.read_text`, `files.parse_json`, `base.search`...) decide this where they read
+   the content; an exception that reaches `grade_one` is never the content's, so it is an error.
+6. Paths are relative to the workspace; absolute paths and `..` are configuration errors, and
    a symlink leading outside the workspace fails the check.
 
 The types are the spec's (`experiments_app.specs.criteria.CRITERION_TYPES`): each has its model
@@ -172,10 +177,24 @@ def check_params(criterion: Mapping) -> None:
 
 
 def _jsonable(details: object) -> dict:
-    """Details survive a JSON round trip (values it cannot encode become strings)."""
+    """Details survive a JSON round trip (values it cannot encode become strings) and storage:
+    a lone surrogate (a file name that is not UTF-8, a "\\udcff" in the agent's JSON) becomes
+    its escape, since PostgreSQL refuses it."""
     if not isinstance(details, dict):
         details = {"value": details}
-    return json.loads(json.dumps(details, default=str))
+    return json.loads(json.dumps(details, default=str), object_hook=_storable, parse_constant=str)
+
+
+def _storable(mapping: dict) -> dict:
+    return {_text(key): _text(value) for key, value in mapping.items()}
+
+
+def _text(value: object) -> object:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [_text(item) for item in value]
+    return value
 
 
 def _lenient(value: object, default: float) -> float:
@@ -218,6 +237,8 @@ def grade_one(index: int, criterion: Mapping, ctx: GradingContext) -> CriterionR
     except Exception as exc:
         logger.warning("criterion %d (%s) crashed", index, result.type, exc_info=True)
         result.error = str(exc) if isinstance(exc, judge.JudgeError) else f"{type(exc).__name__}: {exc}"
+        # A judge that failed keeps what it answered (its raw replies, capped) for review.
+        result.details = _jsonable(getattr(exc, "details", None) or {})
     if result.error is None:
         result.passed = result.score + EPSILON >= result.pass_threshold
     return result

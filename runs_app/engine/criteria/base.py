@@ -1,12 +1,20 @@
-"""Shared pieces of grading: the context a criterion sees, results, and parameter checks.
+"""Shared pieces of grading: the context a criterion sees, results, parameter checks, and the
+readers of the agent's workspace, which turn whatever it holds into a failed check, not an error.
 
-Nothing here imports Django; every helper is a small pure function.
+Nothing here imports Django; every helper is a small function.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import math
+import os
 import re
+import select
+import signal
+import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -14,9 +22,13 @@ from typing import Any, overload
 
 # Per-stream budget for command output and file excerpts kept in details (coder-eval keeps 4000).
 OUTPUT_BUDGET = 4000
-# Files larger than this are read only up to it: a 1 GB file written by an agent must not
-# fill the worker's memory.
+# Files larger than this are not read (the check fails, naming the size): a 1 GB file written by
+# an agent must not fill the worker's memory, and half a file cannot be checked.
 MAX_FILE_BYTES = 16 * 1024 * 1024
+# How long a regular expression or a JSON schema may work on the agent's content (`bounded`).
+BOUNDED_SECONDS = 20.0
+# What details keep of a match.
+MATCH_EXCERPT = 200
 # A value containing this is filled in per dataset row by the runner, so it can only be
 # checked for its type before substitution, never compiled.
 ROW_PLACEHOLDER = "${row."
@@ -189,34 +201,97 @@ def req_path(params: Mapping, key: str, type_name: str) -> str:
 
 # ---------------------------------------------------------------- workspace access
 
+# What the workspace's content can make a read fail with: the agent left a link loop, a path too
+# long or through a file, a mode it may not read, a socket. A failed check, never an error; any
+# other errno (EIO, EMFILE, ENOMEM...) is the worker's trouble and stays an exception (an error).
+CONTENT_ERRNOS = {
+    errno.ENOENT: "does not exist",
+    errno.ENOTDIR: "does not exist (a part of its path is not a folder)",
+    errno.ELOOP: "is a loop of symbolic links",
+    errno.ENAMETOOLONG: "has a path too long to open",
+    errno.EACCES: "cannot be read (permission denied)",
+    errno.EPERM: "cannot be read (operation not permitted)",
+    errno.ENXIO: "is a socket or a device without a reader",
+    errno.EISDIR: "is a folder",
+}
+FILE_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+def content_problem(rel: str, exc: OSError) -> str:
+    """What an OSError met while reading `rel` says about the workspace; re-raises any other."""
+    if exc.errno not in CONTENT_ERRNOS:
+        raise exc
+    return f"'{rel}' {CONTENT_ERRNOS[exc.errno]}"
+
+
+def kind_of(mode: int) -> str:
+    return FILE_KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+def printable(name: str) -> str:
+    """A file name as the agent wrote it, as text any page and database can hold: bytes that are
+    not UTF-8 as \\xff, control characters (a newline in a name) escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
 
 def resolve_under(root: Path, rel: str, shared: tuple[Path, ...] = ()) -> tuple[Path | None, str | None]:
     """The resolved path of `rel` under `root`, or (None, why) when it leaves root or is missing.
 
     A symlink the agent planted pointing outside is a failed check, not an error: the agent
-    caused it, and following it could copy the worker's files into the details.
+    caused it, and following it could copy the worker's files into the details. So is a link
+    loop, or any other path the workspace's content makes unreadable (`CONTENT_ERRNOS`).
     """
     check_rel_path(rel, "path")
-    root = root.resolve()
-    resolved = (root / rel).resolve()
-    if not resolved.is_relative_to(root) and not any(resolved.is_relative_to(p.resolve()) for p in shared):
-        return None, f"'{rel}' resolves outside its folder"
-    if not resolved.exists():
-        return None, f"'{rel}' does not exist"
+    # realpath, unlike Path.resolve on Python 3.11, never raises on a link loop.
+    root = Path(os.path.realpath(root))
+    resolved = Path(os.path.realpath(root / rel))
+    if not resolved.is_relative_to(root) and not any(
+        resolved.is_relative_to(os.path.realpath(p)) for p in shared
+    ):
+        return None, f"'{rel}' resolves outside its folder (to {printable(str(resolved))})"
+    try:
+        resolved.stat()
+    except OSError as exc:
+        return None, content_problem(rel, exc)
     return resolved, None
 
 
 def read_text_under(root: Path, rel: str, shared: tuple[Path, ...] = ()) -> tuple[str | None, str | None]:
-    """The file's text (capped at MAX_FILE_BYTES), or (None, why it could not be read)."""
+    """The file's text, or (None, why it could not be read): only a regular file of at most
+    MAX_FILE_BYTES is read (a larger one could not be checked whole)."""
     path, problem = resolve_under(root, rel, shared)
     if path is None:
         return None, problem
-    # A FIFO or device would block or stream forever; only regular files are read.
-    if not path.is_file():
-        return None, f"'{rel}' is not a regular file"
-    with path.open("rb") as handle:
-        data = handle.read(MAX_FILE_BYTES)
+    try:
+        # A FIFO or device would block or stream forever: only a regular file is opened (and
+        # without waiting for a writer, should it have become a FIFO since).
+        if problem := _not_readable(rel, os.stat(path)):
+            return None, problem
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        return None, content_problem(rel, exc)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:  # it grew since stat
+        return None, f"'{rel}' is over the {MAX_FILE_BYTES} bytes a criterion reads"
     return data.decode("utf-8", errors="replace"), None
+
+
+def _not_readable(rel: str, info: os.stat_result) -> str | None:
+    if not stat.S_ISREG(info.st_mode):
+        return f"'{rel}' is {kind_of(info.st_mode)}, not a regular file"
+    if info.st_size > MAX_FILE_BYTES:
+        return f"'{rel}' is {info.st_size} bytes, over the {MAX_FILE_BYTES} a criterion reads"
+    return None
 
 
 def workspace_path(ctx: GradingContext, rel: str) -> tuple[Path | None, str | None]:
@@ -225,6 +300,73 @@ def workspace_path(ctx: GradingContext, rel: str) -> tuple[Path | None, str | No
 
 def read_text(ctx: GradingContext, rel: str) -> tuple[str | None, str | None]:
     return read_text_under(ctx.workspace, rel, ctx.shared_roots)
+
+
+# ---------------------------------------------------------------- bounded work on content
+
+
+class BoundedCallFailed(RuntimeError):
+    """The child computing a bounded call died or raised: a bug of the grader, an error."""
+
+
+def bounded(function: Callable[[], Any], seconds: float | None = None) -> tuple[Any, str | None]:
+    """`function()` (its result JSON-serialisable) in a forked child, killed after `seconds`:
+    (result, None), or (None, what took too long).
+
+    For a regular expression or a JSON schema on the agent's content: a search such as `\\w+=`
+    over a 16 MB line of letters backtracks for hours, and Python cannot interrupt it; in the
+    worker it would hold the GIL and stall every trial of the process.
+    """
+    seconds = BOUNDED_SECONDS if seconds is None else seconds
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, write, and leave without running the worker's exit code
+        try:
+            os.close(reader)
+            try:
+                reply = {"value": function()}
+            except BaseException as exc:
+                reply = {"raised": f"{type(exc).__name__}: {exc}"}
+            with os.fdopen(writer, "wb") as out:
+                out.write(json.dumps(reply).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([reader], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                return None, f"did not finish within {seconds:g} s"
+            chunk = os.read(reader, 1 << 16)
+            if not chunk:  # the child wrote its reply and left
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(reader)
+        os.waitpid(pid, 0)
+    try:
+        reply = json.loads(b"".join(chunks))
+    except ValueError:
+        raise BoundedCallFailed("the child of a bounded call ended without a reply") from None
+    if "raised" in reply:
+        raise BoundedCallFailed(reply["raised"])
+    return reply["value"], None
+
+
+def search(pattern: str, text: str, flags: int = 0) -> tuple[str | None, str | None]:
+    """The first match of `pattern` in the agent's `text` (its first MATCH_EXCERPT characters) or
+    None, and a problem when the search did not finish in time (the check then fails)."""
+    compiled = re.compile(pattern, flags)  # here, so a bad pattern (from a dataset row) is an error
+
+    def first_match() -> str | None:
+        match = compiled.search(text)
+        return match.group()[:MATCH_EXCERPT] if match else None
+
+    found, problem = bounded(first_match)
+    return found, (f"searching for {pattern!r} {problem}" if problem else None)
 
 
 def cap(text: str, limit: int = OUTPUT_BUDGET) -> str:

@@ -21,6 +21,7 @@ from runs_app.engine.criteria.base import (
     opt_number,
     opt_str,
     req_str,
+    search,
 )
 
 STDOUT_MATCHES = ("exact", "contains", "regex")
@@ -54,13 +55,15 @@ def check_run_command(params: dict) -> None:
         check_regex(expected, 0, f"{what}: 'expected_stdout'")
 
 
-def stdout_matches(actual: str, expected: str, mode: str) -> bool:
-    """exact/contains compare stripped text; a regex keeps its authored whitespace (coder-eval)."""
+def stdout_matches(actual: str, expected: str, mode: str) -> tuple[bool, str | None]:
+    """exact/contains compare stripped text; a regex keeps its authored whitespace (coder-eval).
+    With a problem when a regex search on the output did not finish (the check fails)."""
     if mode == "exact":
-        return actual.strip() == expected.strip()
+        return actual.strip() == expected.strip(), None
     if mode == "contains":
-        return expected.strip() in actual.strip()
-    return re.search(expected, actual) is not None
+        return expected.strip() in actual.strip(), None
+    found, problem = search(expected, actual)
+    return found is not None, problem
 
 
 def _parse_score_line(stdout: str) -> tuple[float | None, str | None]:
@@ -106,8 +109,10 @@ def evaluate_run_command(params: dict, ctx: GradingContext) -> tuple[float, dict
     if expected is None:
         return (1.0 if exit_ok else 0.0), details
     mode = params.get("stdout_match", "exact")
-    stdout_ok = stdout_matches(outcome.stdout, expected, mode)
+    stdout_ok, problem = stdout_matches(outcome.stdout, expected, mode)
     details |= {"expected_stdout": cap(expected, 500), "stdout_match": mode, "stdout_ok": stdout_ok}
+    if problem:
+        details["problem"] = problem
     return (1.0 if exit_ok and stdout_ok else 0.0), details
 
 
@@ -175,7 +180,10 @@ def _haystacks(call: dict) -> tuple[list[str], str]:
         normalized = _unwrap_shell(window)
         texts = [window] + ([normalized] if normalized and normalized != window else [])
         return texts, cap(command, 300)
-    blob = json.dumps(tool_input, default=str, sort_keys=True)
+    try:
+        blob = json.dumps(tool_input, default=str, sort_keys=True)
+    except RecursionError:  # the agent's input nests past Python's limit: nothing a pattern reads
+        blob = "(input nested too deeply to show)"
     return [blob[:MAX_SEARCH_CHARS]], f"{name}({cap(blob, 120)})"
 
 

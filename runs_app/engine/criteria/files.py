@@ -8,8 +8,10 @@ nothing must fail, not crash the grader.
 from __future__ import annotations
 
 import json
-import re
+import os
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jmespath
@@ -19,22 +21,29 @@ from runs_app.engine.criteria.base import (
     CriterionType,
     GradingContext,
     allow_only,
+    bounded,
     cap,
     check_regex,
     check_rel_path,
+    content_problem,
     is_templated,
+    kind_of,
     opt_bool,
     opt_int,
     opt_str,
+    printable,
     read_text,
     req_path,
     req_str,
+    search,
     str_list,
     workspace_path,
 )
 
 GLOB_CHARS = set("*?[")
-MATCH_EXCERPT = 200
+# Deeper JSON makes the parser, JMESPath or jsonschema recurse past Python's limit (jsonschema
+# first, near 150 levels); real answers nest a few levels.
+MAX_JSON_DEPTH = 64
 
 
 # ---------------------------------------------------------------- file_exists
@@ -46,15 +55,45 @@ def check_file_exists(params: dict) -> None:
 
 
 def evaluate_file_exists(params: dict, ctx: GradingContext) -> tuple[float, dict]:
-    """Binary. A path with glob characters passes when any entry inside the workspace matches."""
+    """Binary: a regular file or a folder is there (links followed inside the workspace). A path
+    with glob characters passes when any such entry inside the workspace matches. A FIFO, socket
+    or device is not something an agent makes as an answer: it fails, saying what it is."""
     rel = params["path"]
     if GLOB_CHARS & set(rel):
-        root = ctx.workspace.resolve()
-        matches = sorted(str(p.relative_to(root)) for p in root.glob(rel) if p.resolve().is_relative_to(root))
-        details = {"path": rel, "matches": matches[:20], "match_count": len(matches)}
-        return (1.0 if matches else 0.0), details
+        return _glob_exists(ctx, rel)
     path, problem = workspace_path(ctx, rel)
-    return (1.0, {"path": rel, "exists": True}) if path else (0.0, {"path": rel, "problem": problem})
+    if path is None:
+        return 0.0, {"path": rel, "problem": problem}
+    mode = path.stat().st_mode
+    if not _file_or_folder(mode):
+        return 0.0, {"path": rel, "problem": f"'{rel}' is {kind_of(mode)}, not a file or folder"}
+    return 1.0, {"path": rel, "exists": True}
+
+
+def _glob_exists(ctx: GradingContext, rel: str) -> tuple[float, dict]:
+    root = Path(os.path.realpath(ctx.workspace))
+    matches = []
+    try:
+        for found in root.glob(rel):
+            # realpath, not Path.resolve: a link loop must not raise (Python 3.11).
+            target = os.path.realpath(found)
+            if not Path(target).is_relative_to(root):
+                continue
+            try:
+                mode = os.stat(target).st_mode
+            except OSError as exc:  # a link loop, or a link to nothing: not a match
+                content_problem(str(found), exc)  # re-raises what the workspace cannot cause
+                continue
+            if _file_or_folder(mode):
+                matches.append(printable(str(found.relative_to(root))))
+    except OSError as exc:  # a folder the search cannot enter: nested too deep, unreadable
+        return 0.0, {"path": rel, "problem": content_problem(f"{rel} (searching the workspace)", exc)}
+    matches.sort()
+    return (1.0 if matches else 0.0), {"path": rel, "matches": matches[:20], "match_count": len(matches)}
+
+
+def _file_or_folder(mode: int) -> bool:
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
 
 # ---------------------------------------------------------------- file_contains
@@ -116,14 +155,12 @@ def check_file_matches_regex(params: dict) -> None:
 
 
 def _pattern_verdict(content: str, spec: dict) -> tuple[bool, dict]:
-    match = re.search(spec["pattern"], content, spec.get("flags", 0))
     must_match = spec.get("must_match", True)
-    found = match.group()[:MATCH_EXCERPT] if match else None
-    return (match is not None) == must_match, {
-        "pattern": spec["pattern"],
-        "must_match": must_match,
-        "matched": found,
-    }
+    found, problem = search(spec["pattern"], content, spec.get("flags", 0))
+    details = {"pattern": spec["pattern"], "must_match": must_match, "matched": found}
+    if problem:  # not known to match nor known not to: the check fails either way
+        return False, details | {"problem": problem}
+    return (found is not None) == must_match, details
 
 
 def evaluate_file_matches_regex(params: dict, ctx: GradingContext) -> tuple[float, dict]:
@@ -189,7 +226,7 @@ OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "lt": lambda actual, expected: actual < expected,
     "lte": lambda actual, expected: actual <= expected,
     "type": lambda actual, expected: JSON_TYPES[expected](actual),
-    "regex": lambda actual, expected: re.search(expected, actual) is not None,
+    "regex": lambda actual, expected: _regex_holds(actual, expected),
     "exists": lambda actual, _: actual is not None,
 }
 
@@ -235,22 +272,75 @@ def check_json_check(params: dict) -> None:
         _check_assertion(spec, number)
 
 
-def _schema_score(ctx: GradingContext, schema_rel: str, data: Any) -> tuple[float, str]:
-    # Imported here so the rest of grading works where jsonschema is not installed.
-    import jsonschema
+def _regex_holds(actual: Any, pattern: str) -> bool:
+    if not isinstance(actual, str):
+        raise TypeError(f"regex needs a string, got {type(actual).__name__}")
+    found, problem = search(pattern, actual)
+    if problem:
+        raise TimeoutError(problem)
+    return found is not None
 
+
+def parse_json(text: str, rel: str) -> tuple[Any, str | None]:
+    """The agent's JSON, or (None, why it cannot be checked): not JSON (an integer of over 4300
+    digits included), or nested deeper than MAX_JSON_DEPTH, where the parser, JMESPath and
+    jsonschema would recurse past Python's limit."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return None, f"'{rel}' nests arrays or objects too deeply to parse (over {MAX_JSON_DEPTH} levels)"
+    except ValueError as exc:
+        return None, f"'{rel}' is invalid JSON: {cap(str(exc), 300)}"
+    if _nested_deeper(data, MAX_JSON_DEPTH):
+        return None, f"'{rel}' nests arrays or objects over {MAX_JSON_DEPTH} levels deep"
+    return data, None
+
+
+def _nested_deeper(data: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _schema_score(ctx: GradingContext, schema_rel: str, data: Any) -> tuple[float, str]:
     text, problem = read_text(ctx, schema_rel)
     if text is None:
         return 0.0, f"schema file {problem}"
+    schema, problem = parse_json(text, schema_rel)
+    if problem:
+        return 0.0, f"schema file {problem}"
+    # The schema file is in the workspace too: its `pattern`s and `$ref`s are the agent's to write.
+    verdict, problem = bounded(lambda: _schema_verdict(schema, data))
+    if problem:
+        return 0.0, f"validation {problem}"
+    return (1.0, "valid") if verdict is None else (0.0, verdict)
+
+
+def _schema_verdict(schema: Any, data: Any) -> str | None:
+    """Why `data` does not satisfy `schema`, or None when it does."""
+    # Imported here so the rest of grading works where jsonschema is not installed.
+    import jsonschema
+    import referencing.exceptions
+
     try:
-        jsonschema.validate(instance=data, schema=json.loads(text))
-    except json.JSONDecodeError as exc:
-        return 0.0, f"schema file '{schema_rel}' is not valid JSON: {exc}"
+        jsonschema.validate(instance=data, schema=schema)
     except jsonschema.ValidationError as exc:
-        return 0.0, f"invalid: {cap(exc.message, 500)}"
+        return f"invalid: {cap(exc.message, 500)}"
     except jsonschema.SchemaError as exc:
-        return 0.0, f"malformed schema: {cap(exc.message, 500)}"
-    return 1.0, "valid"
+        return f"malformed schema: {cap(exc.message, 500)}"
+    except referencing.exceptions.Unresolvable as exc:
+        return f"malformed schema: a $ref leads nowhere: {cap(str(exc), 300)}"
+    except RecursionError:
+        return "malformed schema: its $refs lead round in a circle"
+    return None
 
 
 def _assertion_verdict(spec: dict, data: Any) -> tuple[bool, dict]:
@@ -274,10 +364,9 @@ def evaluate_json_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
     text, problem = read_text(ctx, rel)
     if text is None:
         return 0.0, {"path": rel, "problem": problem}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return 0.0, {"path": rel, "problem": f"invalid JSON: {exc}"}
+    data, problem = parse_json(text, rel)
+    if problem:
+        return 0.0, {"path": rel, "problem": problem}
     scores, details = [], {"path": rel}
     if params.get("json_schema"):
         schema_score, details["schema"] = _schema_score(ctx, params["json_schema"], data)

@@ -21,8 +21,9 @@ import io
 import os
 import shutil
 import stat
+import subprocess
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -68,6 +69,15 @@ DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
     "*.dylib",
     "*.dll",
 )
+
+
+# Past these, the snapshot and the artifact the runner makes of a workspace after the agent stop,
+# so a million files or a sparse terabyte cost bounded time and memory (far above real ones).
+MAX_ENTRIES = 200_000  # folders, files and links listed
+SNAPSHOT_MAX_BYTES = 64 << 20  # text a snapshot reads in all
+ARTIFACT_MAX_BYTES = 512 << 20  # regular files an artifact keeps
+# The longest path the system opens (Linux's PATH_MAX, the terminating NUL included).
+PATH_MAX = 4096
 
 
 class WorkspaceError(ValueError):
@@ -134,33 +144,22 @@ def cleanup(trial_root: Path) -> None:
     sandbox uid.
     """
     release(trial_root)
-    if not trial_root.exists():
-        return
-    try:
-        shutil.rmtree(trial_root)
-    except OSError:
-        _make_folders_writable(trial_root)
-        shutil.rmtree(trial_root)
+    remove_tree(trial_root)
 
 
 def remove_tree(root: Path) -> None:
-    """Delete a folder a sandbox wrote to (read-only folders and all)."""
+    """Delete a folder a sandbox wrote to, whatever the agent did to it."""
+    if not root.exists():
+        return
     try:
         shutil.rmtree(root)
     except FileNotFoundError:
         return
-    except OSError:
-        _make_folders_writable(root)
-        shutil.rmtree(root)
-
-
-def _make_folders_writable(root: Path) -> None:
-    """chmod u+rwx every real folder (never through a symlink), parents before children."""
-    os.chmod(root, stat.S_IRWXU)
-    for dirpath, dirnames, _ in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-        for name in dirnames:
-            os.chmod(os.path.join(dirpath, name), stat.S_IRWXU)
+    except (OSError, RecursionError):
+        # Modes the agent set, or folders nested deeper than Python walks (shutil recurses) or
+        # than a path can name: GNU chmod and rm walk any tree, and never through a link.
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(root)], capture_output=True)
+        subprocess.run(["rm", "-rf", "--", str(root)], capture_output=True, check=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,21 +313,60 @@ def _clone_repo(workspace: Path, source: dict, timeout: float, where: str, git: 
 
 
 def tree_size(root: Path) -> int:
-    """Bytes of the regular files under `root` (links not followed)."""
-    total = 0
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(dirpath, name))
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_blocks * 512
-    return total
+    """Bytes of the regular files under `root` (links not followed; a hard-linked file once)."""
+    sizes = {
+        (info.st_dev, info.st_ino): info.st_blocks * 512
+        for _, info in entries(root)
+        if stat.S_ISREG(info.st_mode)
+    }
+    return sum(sizes.values())
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+    for relative, _ in entries(root):
+        os.lchown(os.path.join(root, relative), uid, gid)
+
+
+def entries(root: Path, ignore_patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
+    """(path relative to `root` with "/" between names, its lstat) of everything under `root`, in
+    path order, a folder's entries before what its subfolders hold; never through a link; what
+    `ignore_patterns` match (as `_ignored` reads them) left out, with all an ignored folder holds.
+
+    The agent shaped this tree, so: iterative (os.walk recursed, and folders nested a few thousand
+    deep raised RecursionError on Python 3.11); linear in the tree's size, however deep; a folder
+    that cannot be listed (its mode, or a path longer than the system can name) is left out with
+    all it holds; names that are not UTF-8 come as os.fsdecode makes them (`printable` shows them).
+    """
+    patterns = tuple(ignore_patterns)
+    # A folder is never entered once ignored, so a pattern without "/" is matched against the
+    # last name only (each name checked once, not once per entry below it).
+    names = [pattern for pattern in patterns if "/" not in pattern]
+    paths = [pattern.strip("/") for pattern in patterns if "/" in pattern]
+    folders = [""]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(os.path.join(root, folder)) as listing:
+                found = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            continue
+        subfolders = []
+        for entry in found:
+            relative = f"{folder}/{entry.name}" if folder else entry.name
+            if any(fnmatch.fnmatchcase(entry.name, p) for p in names) or any(
+                fnmatch.fnmatchcase(relative, p) for p in paths
+            ):
+                continue
+            if len(os.fsencode(entry.path)) >= PATH_MAX:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield relative, info
+            if stat.S_ISDIR(info.st_mode):
+                subfolders.append(relative)
+        folders.extend(reversed(subfolders))
 
 
 def _ignored(relative: Path, patterns: Iterable[str]) -> bool:
@@ -348,42 +386,48 @@ def _ignored(relative: Path, patterns: Iterable[str]) -> bool:
 
 
 def snapshot(
-    workspace: Path, ignore_patterns: Iterable[str] = (), max_file_bytes: int = 512 << 10
+    workspace: Path,
+    ignore_patterns: Iterable[str] = (),
+    max_file_bytes: int = 512 << 10,
+    max_total_bytes: int = SNAPSHOT_MAX_BYTES,
+    max_entries: int = MAX_ENTRIES,
 ) -> dict[str, bytes | None]:
     """Relative path -> content of every regular file and symlink (its target) in the workspace.
 
-    Binary files (a NUL byte) and files over `max_file_bytes` map to None: present, not diffed.
-    Never follows symlinks and never opens FIFOs or devices (the agent controls this folder).
+    Binary files (a NUL byte), files over `max_file_bytes` and files past `max_total_bytes` read
+    in all map to None: present, not diffed. A file with several hard links is read once. Never
+    follows symlinks and never opens FIFOs or devices (the agent controls this folder); stops
+    after `max_entries` entries, so a workspace of a million files costs bounded time and memory.
     """
     patterns = (*DEFAULT_IGNORE_PATTERNS, *ignore_patterns)
     files: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(workspace):
-        base = Path(dirpath).relative_to(workspace)
-        dirnames[:] = [d for d in dirnames if not _ignored(base / d, patterns)]
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            relative = base / name
-            if not _ignored(relative, patterns):
-                content = _read_for_diff(Path(dirpath) / name, max_file_bytes)
-                if content is not False:
-                    files[relative.as_posix()] = content
+    read: dict[tuple[int, int], bytes | None] = {}
+    budget = max_total_bytes
+    for count, (relative, info) in enumerate(entries(workspace, patterns)):
+        if count >= max_entries:
+            break
+        path = os.path.join(workspace, relative)
+        if stat.S_ISLNK(info.st_mode):
+            with contextlib.suppress(OSError):
+                files[relative] = os.fsencode(os.readlink(path))
+        elif stat.S_ISREG(info.st_mode):
+            inode = (info.st_dev, info.st_ino)
+            if inode not in read:
+                fits = info.st_size <= min(max_file_bytes, budget)
+                read[inode] = _read_for_diff(path, max_file_bytes) if fits else None
+                budget -= len(read[inode] or b"")
+            files[relative] = read[inode]
     return files
 
 
-def _read_for_diff(path: Path, max_bytes: int) -> bytes | None | Literal[False]:
-    """File content, None if binary or too big, False if not a regular file or symlink."""
+def _read_for_diff(path: str, max_bytes: int) -> bytes | None:
+    """A regular file's content, or None if binary, too big or unreadable (a mode the agent set)."""
     try:
-        info = path.lstat()
-        if stat.S_ISLNK(info.st_mode):
-            return os.readlink(path).encode()
-        if not stat.S_ISREG(info.st_mode):
-            return False
-        if info.st_size > max_bytes:
-            return None
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
             content = f.read(max_bytes + 1)
     except OSError:
-        return False
+        return None
     return None if len(content) > max_bytes or b"\0" in content else content
 
 
@@ -393,25 +437,36 @@ def unified_diff(
     """A git-style unified diff from `before` to `after`, files in path order, cut at `cap_bytes`.
 
     Returns (text, truncated). Binary or oversized files appear as one "Binary files" line when
-    added or removed; when both sides are unknown (None) no change can be shown.
+    added or removed; when both sides are unknown (None) no change can be shown. File names are
+    shown with `printable`, so any name the agent gave makes valid text of one line.
     """
-    parts = []
-    for path in sorted(before.keys() | after.keys()):
-        old: bytes | None | Literal[False] = before.get(path, False)
-        new: bytes | None | Literal[False] = after.get(path, False)
-        if old == new:
-            continue
-        chunk = _file_diff(path, old, new)
-        if chunk:
-            parts.append(chunk)
+    changed = [
+        path
+        for path in sorted(before.keys() | after.keys())
+        if before.get(path, False) != after.get(path, False)
+    ]
+    parts, size = [], 0
+    for path in changed:
+        chunk = _file_diff(printable(path), before.get(path, False), after.get(path, False))
+        parts.append(chunk)
+        size += len(chunk.encode("utf-8"))
+        if size > cap_bytes:  # the rest would be cut: a thousand hard links must not be diffed
+            break
     text = "".join(parts)
-    encoded = text.encode("utf-8")
-    if len(encoded) <= cap_bytes:
+    if size <= cap_bytes:
         return text, False
-    marker = f"... diff truncated ({len(encoded)} bytes, cap {cap_bytes})\n"
+    marker = f"... diff truncated ({len(changed)} files changed, cap {cap_bytes})\n"
+    encoded = text.encode("utf-8")
     cut = encoded[: max(0, cap_bytes - len(marker))]
     cut = cut[: cut.rfind(b"\n") + 1]  # whole lines only
     return cut.decode("utf-8", "ignore") + marker, True
+
+
+def printable(name: str) -> str:
+    """A file name as the agent wrote it, as text any page and database can hold: bytes that are
+    not UTF-8 as \\xff, control characters (a newline in a name) escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _file_diff(path: str, old: bytes | None | Literal[False], new: bytes | None | Literal[False]) -> str:
@@ -437,20 +492,36 @@ def _lines(content: bytes) -> list[str]:
     return lines
 
 
-def make_artifact_tarball(workspace: Path, ignore_patterns: Iterable[str] = ()) -> bytes:
-    """The workspace as a tar.gz (entries under `workspace/`, sorted, symlinks kept as links)."""
-    patterns = tuple(ignore_patterns)
+def make_artifact_tarball(
+    workspace: Path,
+    ignore_patterns: Iterable[str] = (),
+    max_bytes: int = ARTIFACT_MAX_BYTES,
+    max_entries: int = MAX_ENTRIES,
+) -> bytes:
+    """The workspace as a tar.gz (entries under `workspace/`, sorted, symlinks kept as links).
+
+    Only folders, regular files and links are kept, any name included. Regular files past
+    `max_bytes` in all (a sparse file of a terabyte, say), files the worker cannot read (a mode
+    the agent set) and entries past `max_entries` are left out, so packing costs bounded time and
+    memory.
+    """
     buffer = io.BytesIO()
+    left = max_bytes
+    packed: set[tuple[int, int]] = set()  # tarfile stores a file's further hard links as links
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         tar.add(workspace, arcname="workspace", recursive=False)
-        for dirpath, dirnames, filenames in os.walk(workspace):
-            base = Path(dirpath).relative_to(workspace)
-            dirnames[:] = sorted(d for d in dirnames if not _ignored(base / d, patterns))
-            for name in sorted(dirnames + filenames):
-                path = Path(dirpath) / name
-                if _ignored(base / name, patterns):
-                    continue
-                mode = path.lstat().st_mode
-                if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
-                    tar.add(path, arcname=f"workspace/{(base / name).as_posix()}", recursive=False)
+        for count, (relative, info) in enumerate(entries(workspace, ignore_patterns)):
+            if count >= max_entries:
+                break
+            if stat.S_ISREG(info.st_mode):
+                inode = (info.st_dev, info.st_ino)
+                if inode not in packed:
+                    if info.st_size > left:
+                        continue
+                    left -= info.st_size
+                    packed.add(inode)
+            elif not (stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                continue
+            with contextlib.suppress(OSError):  # opening fails before anything is written
+                tar.add(os.path.join(workspace, relative), arcname=f"workspace/{relative}", recursive=False)
     return buffer.getvalue()

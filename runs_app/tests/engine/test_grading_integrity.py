@@ -129,6 +129,16 @@ def hostile_suite(folder) -> None:
             sandbox={"limits": {"max_disk_mb": 16}},
         ),
     )
+    # The agent says the model's API failed, to leave the pass rate: its gateway saw no call.
+    make_task(
+        folder,
+        "claim-an-api-error",
+        task(
+            "claim-an-api-error",
+            """echo '{"type": "error", "message": "the API is down", "category": "api_error"}'""",
+            [{"type": "file_exists", "path": "out.txt"}],
+        ),
+    )
     import_folder_tasks(folder)
 
 
@@ -162,6 +172,9 @@ def test_grading_runs_nothing_the_agent_left_and_every_phase_holds_the_disk_caps
         assert trial.budget_exceeded == "disk", (slug, trial.status, trial.error_message)
         # Stopped within a poll of reaching the cap, not at the end of its 60 s sleep.
         assert trial.agent_seconds < 10, (slug, trial.agent_seconds)
+    claimed = trials["claim-an-api-error"]
+    assert (claimed.status, claimed.error_category) == ("error", "agent_error"), claimed.error_message
+    assert "the gateway saw no failure" in claimed.error_message
     graded = trials["fill-the-disk-while-graded"]
     assert (graded.status, graded.budget_exceeded) == ("failed", "disk"), graded.error_message
     assert graded.grading_seconds < 20
