@@ -33,6 +33,8 @@ def pytest_configure(config):
         digest = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:10]
         os.environ["SANDBOX_ROOT"] = f"/var/tmp/evalsite-test-sandboxes-{digest}"
         settings.SANDBOX_ROOT = Path(os.environ["SANDBOX_ROOT"])
+        settings.SANDBOX_ROOT.mkdir(exist_ok=True)
+        os.chmod(settings.SANDBOX_ROOT, 0o711)  # sandbox uids cross it to their trials' folders
     if "TRIAL_ROOT" not in os.environ:
         # This session's trials apart, so that what its killed workers leave can be removed at
         # its end without touching another session's.
