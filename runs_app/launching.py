@@ -66,6 +66,16 @@ class LaunchOptions:
     any_code_version: bool = False  # let workers of other code versions take its trials
 
 
+def _in_random_unit_order(trials: list[Trial], seed: int) -> list[Trial]:
+    """The trials with their units (task, dataset row) in a seeded random order: trials are sent
+    in creation order (replicate by replicate), so the units a live run has finished are a random
+    sample of its units, which its anytime-valid intervals assume (`inference.confidence_sequence`)."""
+    units = list(dict.fromkeys((trial.task_version_id, trial.dataset_row_id) for trial in trials))
+    random.Random(seed).shuffle(units)
+    rank = {unit: index for index, unit in enumerate(units)}
+    return sorted(trials, key=lambda trial: rank[(trial.task_version_id, trial.dataset_row_id)])
+
+
 def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
     """Create a run with all its trials (queued) and dispatch it once committed."""
     options = options or LaunchOptions()
@@ -77,6 +87,7 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
              "agent or hand agents secrets through launch options"]
         )  # fmt: skip
     versions, variants, trials = _resolved_trials(experiment, options, seed)
+    trials = _in_random_unit_order(trials, seed)
     config = _frozen_config(experiment, variants, versions, options, seed)
     with transaction.atomic():
         run = Run.objects.create(

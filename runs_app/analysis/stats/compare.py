@@ -179,6 +179,9 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
     )
     durations = [cell.duration_sum / cell.duration_n for cell in cells if cell.duration_n]
     curves = _k_curves(counted.graded, clusters, confidence)
+    cs_low, cs_high = inference.confidence_sequence(
+        [2 * passes / n - 1 for passes, n in _in_finishing_order(counted.cells, counted.graded)], confidence
+    )
     return ArmSummary(
         key=arm.key,
         label=arm.label,
@@ -211,6 +214,8 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         pass_at_k_high=curves["pass_at_k_high"],
         pass_at_k_units=curves["pass_at_k_units"],
         pass_hat_k=curves["pass_hat_k"],
+        cs_low=(cs_low + 1) / 2,
+        cs_high=(cs_high + 1) / 2,
         tokens=sum(cell.tokens for cell in cells),
         cost=cost,
         answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
@@ -234,6 +239,17 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
 
 def _keys(column: list[Cell | None], clusters: list) -> list:
     return [key for cell, key in zip(column, clusters, strict=True) if cell is not None]
+
+
+def _in_finishing_order(cells: list[Cell | None], graded: list[PassCount]) -> list[PassCount]:
+    """The graded counts of the units with nothing pending, in the order they were launched (a
+    seeded random order of units: `launching`), which is the order they finish in."""
+    done = [
+        (cell.first_trial_id or 0, counts)
+        for cell, counts in zip(cells, graded, strict=True)
+        if cell is not None and counts[1] and not cell.pending
+    ]
+    return [counts for _, counts in sorted(done)]
 
 
 def _interval_words(rate: Interval | None) -> str:
@@ -323,6 +339,21 @@ def _versus(
         versus.p_value = delta.p_value
         draws_text = "exact" if delta.exact else f"{draws:,} draws"
         versus.test = f"sign-flip ({draws_text}), floored by the number of clusters"
+    finished = [
+        (
+            min(b.first_trial_id or 0, a.first_trial_id or 0),
+            arm[j][0] / arm[j][1] - baseline[j][0] / baseline[j][1],
+        )
+        for j in paired
+        if (b := base.cells[j]) is not None
+        and (a := other.cells[j]) is not None
+        and not b.pending
+        and not a.pending
+    ]
+    versus.cs_low, versus.cs_high = inference.confidence_sequence(
+        [d for _, d in sorted(finished)], confidence
+    )
+    versus.decided = "better" if versus.cs_low > 0 else "worse" if versus.cs_high < 0 else ""
     _error_effects(versus, base, other, clusters, confidence, alpha, draws, seed)
     _changed_units(versus, units, paired, baseline, arm)
     return versus

@@ -209,6 +209,11 @@ class Versus:
     delta_if_errors_pass_high: float | None = None
     # Significant (Holm p < α) but not with every error a fail, or not with every error a pass.
     depends_on_errors: bool = False
+    # Anytime-valid (`inference.confidence_sequence`) over the units both arms have finished, in
+    # the order they finished: valid while the run goes on; "better" or "worse" once it leaves 0.
+    cs_low: float = -1.0
+    cs_high: float = 1.0
+    decided: str = ""
     baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
@@ -272,6 +277,10 @@ class ArmSummary:
     flaky: list[str]
     not_comparable: list[str]
     versus: Versus | None = None
+    # The rate's anytime-valid interval over the units the arm has finished, in finishing order
+    # (`inference.confidence_sequence`): what a live run may be watched by.
+    cs_low: float = 0.0
+    cs_high: float = 1.0
 
     @property
     def infra_errors(self) -> int:

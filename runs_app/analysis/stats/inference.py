@@ -388,3 +388,48 @@ def detectable_effect(
 
 def _z_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+
+
+def confidence_sequence(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """An anytime-valid interval for the mean of values in [-1, 1] (unit rates, or unit Δs),
+    given in the order they arrived: it holds at every moment at once, so a team may watch a
+    live run and stop when it excludes 0 without inflating its error rate (Waudby-Smith &
+    Ramdas 2023, the hedged capital process with predictable plug-in bets, §4; the running
+    intersection, so it never widens as values arrive).
+
+    For a candidate mean m, two gamblers bet value after value that the values run above m,
+    and below it, never more than they can lose; m is out once either's capital has reached
+    2/α at any moment (Ville's inequality: under m, that happens with chance at most α/2).
+    (-1, 1) before any value."""
+    x = (np.asarray(values, dtype=float) + 1) / 2  # onto [0, 1]
+    if not len(x):
+        return -1.0, 1.0
+    alpha = 1 - confidence
+    steps = np.arange(1, len(x) + 1)
+    mean_after = (0.5 + np.cumsum(x)) / (steps + 1)
+    spread = (0.25 + np.cumsum((x - mean_after) ** 2)) / (steps + 1)
+    spread_before = np.concatenate([[0.25], spread[:-1]])
+    bets = np.sqrt(2 * math.log(2 / alpha) / (spread_before * steps * np.log1p(steps)))
+
+    def rejected(m: float) -> bool:
+        m = min(max(m, 1e-12), 1 - 1e-12)
+        up = np.cumsum(np.log1p(np.minimum(bets, 0.5 / m) * (x - m)))
+        down = np.cumsum(np.log1p(-np.minimum(bets, 0.5 / (1 - m)) * (x - m)))
+        return bool(max(up.max(), down.max()) >= math.log(2 / alpha))
+
+    centre = float(mean_after[-1])
+
+    def bound(inside: float, edge: float) -> float:
+        if not rejected(edge):
+            return edge
+        if rejected(inside):  # the running intersection may leave the current mean out
+            return inside
+        for _ in range(40):
+            middle = (inside + edge) / 2
+            if rejected(middle):
+                edge = middle
+            else:
+                inside = middle
+        return inside
+
+    return 2 * bound(centre, 0.0) - 1, 2 * bound(centre, 1.0) - 1
