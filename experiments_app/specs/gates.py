@@ -11,6 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The regression `no_regression` tolerates by default, and the margin a live run's anytime-valid
+# interval is read against ("not worse"): 5 pp, the smallest regression a team acts on that
+# suites of a few dozen tasks can show.
+NON_INFERIORITY_MARGIN = 0.05
+
 
 class GateModel(BaseModel):
     """Base of the gate specs. Unlike other specs, unknown keys are errors: a mistyped gate key
@@ -58,7 +63,7 @@ class NoRegressionGate(GateModel):
     # The comparison's intervals are 95%: the one level the gate can judge at.
     alpha: float = Field(default=0.05, ge=0.05, le=0.05)
     variant: str | None = None
-    margin: float = Field(default=0.05, gt=0.0, le=1.0)
+    margin: float = Field(default=NON_INFERIORITY_MARGIN, gt=0.0, le=1.0)
     min_clusters: int = Field(default=10, ge=2)
     cluster: Literal["unit", "task", "tag"] = "unit"
 

@@ -21,7 +21,7 @@ from django.template.loader import render_to_string
 
 from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs
-from runs_app.analysis.stats import charts
+from runs_app.analysis.stats import charts, notes
 from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 from runs_app.models import CriterionResult, Run, Trial
 
@@ -106,6 +106,7 @@ def _variant_row(arm: ArmSummary, summary: Comparison) -> dict[str, Any]:
         "p_value": versus.p_value if versus else None,
         "p_adjusted": versus.p_holm if versus else None,
         "untested_because": versus.untested if versus else None,
+        "anytime": notes.anytime_words(arm, summary.baseline_arm.label, summary.confidence),
         "regressed": [d.unit for d in versus.regressed] if versus else [],
         "improved": [d.unit for d in versus.improved] if versus else [],
         # The heat-map column: [passes, graded] per task.

@@ -58,6 +58,14 @@ def percent(value: float | None, digits: int = 0) -> str:
 
 
 @register.filter
+def pp(value: float | None) -> str:
+    """A 0-1 difference as signed percentage points, "+12.5" ("—" for none)."""
+    if value is None:
+        return "—"
+    return f"{100 * value:+.1f}"
+
+
+@register.filter
 def pretty_json(value: Any) -> str:
     if isinstance(value, str):
         return value

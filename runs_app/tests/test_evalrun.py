@@ -153,6 +153,10 @@ def test_it_exits_1_when_a_variant_fails_with_the_gates_in_junit(celery_worker_p
     assert result.returncode == 1, result.stdout + result.stderr
     assert "gate FAIL" in result.stdout and "every variant solves half" in result.stdout
     assert "[no-op slugify#0] phase finished status=failed" in result.stdout
+    # What a team could have stopped on: two tasks decide nothing.
+    assert "Anytime-valid intervals (valid however early the run stopped):" in result.stdout
+    assert "no-op: pass rate in [0.0%, " in result.stdout
+    assert "Δ vs reference in [-100.0, " in result.stdout and "undecided: keep it running" in result.stdout
     xmlschema.XMLSchema(JUNIT_XSD).validate(junit)
     root = ET.parse(junit).getroot()
     assert root.tag == "testsuites"
@@ -288,3 +292,30 @@ def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
     Worker.objects.update(code_version=run.code_version)
     again = evalrun(tasks, "-e", experiment, "--no-wait")
     assert again.returncode == 0 and "no live worker" not in again.stderr
+
+
+def test_while_following_it_says_when_a_variant_is_decided():
+    import io
+
+    from django.core.management.base import OutputWrapper
+
+    from runs_app.analysis import load
+    from runs_app.management.commands.evalrun import _Decisions, _Progress
+    from runs_app.tests.analysis.test_comparison import make_experiment, make_run
+
+    out = io.StringIO()
+    decisions = _Decisions(_Progress(OutputWrapper(out), tty=False))
+    few = {f"t{i:02d}": {"base": "F", "new": "P"} for i in range(3)}
+    run = make_run(make_experiment(), few, baseline="base", status=Run.Status.RUNNING)
+    decisions.check(run)
+    assert out.getvalue() == ""  # three units decide nothing: nothing to say
+
+    more = {f"t{i:02d}": {"base": "F", "new": "P"} for i in range(3, 20)}
+    run = make_run(make_experiment("exp2"), {**few, **more}, baseline="base", status=Run.Status.RUNNING)
+    load.forget_comparisons()
+    decisions.done, decisions.at = -1, 0.0
+    decisions.check(run)
+    text = out.getvalue()
+    assert text.startswith("anytime-valid: new: pass rate in [") and "decided: better than base" in text
+    decisions.check(run)  # nothing new: said once
+    assert out.getvalue() == text

@@ -54,6 +54,17 @@ class VariantRow:
         return (self.arm.low, self.arm.high)
 
     @property
+    def sequence(self) -> tuple[float, float] | None:
+        """The rate's anytime-valid interval over the units finished so far (None before one)."""
+        if self.arm is None or not self.arm.cs_units:
+            return None
+        return (self.arm.cs_low, self.arm.cs_high)
+
+    @property
+    def versus(self):
+        return self.arm.versus if self.arm else None
+
+    @property
     def bar(self) -> dict | None:
         """The interval band and the estimate as percentages, for the small inline chart."""
         if self.interval is None:

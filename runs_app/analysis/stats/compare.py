@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app.analysis.stats import inference, intervals, notes
 from runs_app.analysis.stats.comparison import (
     ALPHA,
@@ -179,9 +180,8 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
     )
     durations = [cell.duration_sum / cell.duration_n for cell in cells if cell.duration_n]
     curves = _k_curves(counted.graded, clusters, confidence)
-    cs_low, cs_high = inference.confidence_sequence(
-        [2 * passes / n - 1 for passes, n in _in_finishing_order(counted.cells, counted.graded)], confidence
-    )
+    finished = _in_finishing_order(counted.cells, counted.graded)
+    cs_low, cs_high = inference.confidence_sequence([2 * p / n - 1 for p, n in finished], confidence)
     return ArmSummary(
         key=arm.key,
         label=arm.label,
@@ -216,6 +216,7 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         pass_hat_k=curves["pass_hat_k"],
         cs_low=(cs_low + 1) / 2,
         cs_high=(cs_high + 1) / 2,
+        cs_units=len(finished),
         tokens=sum(cell.tokens for cell in cells),
         cost=cost,
         answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
@@ -249,7 +250,7 @@ def _in_finishing_order(cells: list[Cell | None], graded: list[PassCount]) -> li
         for cell, counts in zip(cells, graded, strict=True)
         if cell is not None and counts[1] and not cell.pending
     ]
-    return [counts for _, counts in sorted(done)]
+    return [counts for _, counts in sorted(done, key=lambda item: item[0])]
 
 
 def _interval_words(rate: Interval | None) -> str:
@@ -351,12 +352,26 @@ def _versus(
         and not a.pending
     ]
     versus.cs_low, versus.cs_high = inference.confidence_sequence(
-        [d for _, d in sorted(finished)], confidence
+        [d for _, d in sorted(finished, key=lambda item: item[0])], confidence
     )
-    versus.decided = "better" if versus.cs_low > 0 else "worse" if versus.cs_high < 0 else ""
+    versus.cs_units = len(finished)
+    versus.decided = decision(versus.cs_low, versus.cs_high, versus.margin)
     _error_effects(versus, base, other, clusters, confidence, alpha, draws, seed)
     _changed_units(versus, units, paired, baseline, arm)
     return versus
+
+
+def decision(low: float, high: float, margin: float = NON_INFERIORITY_MARGIN) -> str:
+    """What an anytime-valid interval of Δ already shows: "better" or "worse" once it leaves
+    0, "not worse" once its lower end is within the margin (the question of `no_regression`),
+    "" while it shows none of these."""
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    if low >= -margin:
+        return "not worse"
+    return ""
 
 
 def _error_effects(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app.analysis.stats.inference import Interval, PassCount
 from runs_app.analysis.stats.tally import Tally
 
@@ -210,10 +211,13 @@ class Versus:
     # Significant (Holm p < α) but not with every error a fail, or not with every error a pass.
     depends_on_errors: bool = False
     # Anytime-valid (`inference.confidence_sequence`) over the units both arms have finished, in
-    # the order they finished: valid while the run goes on; "better" or "worse" once it leaves 0.
+    # the order they finished: valid while the run goes on, so a run may be stopped once it is
+    # `decided` ("better", "worse", "not worse" than the baseline by the margin: `compare.decision`).
     cs_low: float = -1.0
     cs_high: float = 1.0
+    cs_units: int = 0  # the finished paired units it is over
     decided: str = ""
+    margin: float = NON_INFERIORITY_MARGIN  # of "not worse"
     baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
@@ -281,6 +285,7 @@ class ArmSummary:
     # (`inference.confidence_sequence`): what a live run may be watched by.
     cs_low: float = 0.0
     cs_high: float = 1.0
+    cs_units: int = 0
 
     @property
     def infra_errors(self) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
 from statistics import NormalDist
 from typing import NamedTuple
@@ -394,42 +394,58 @@ def confidence_sequence(values: Sequence[float], confidence: float = 0.95) -> tu
     """An anytime-valid interval for the mean of values in [-1, 1] (unit rates, or unit Δs),
     given in the order they arrived: it holds at every moment at once, so a team may watch a
     live run and stop when it excludes 0 without inflating its error rate (Waudby-Smith &
-    Ramdas 2023, the hedged capital process with predictable plug-in bets, §4; the running
-    intersection, so it never widens as values arrive).
+    Ramdas 2023, the hedged capital process with predictable plug-in bets, §4).
 
-    For a candidate mean m, two gamblers bet value after value that the values run above m,
-    and below it, never more than they can lose; m is out once either's capital has reached
-    2/α at any moment (Ville's inequality: under m, that happens with chance at most α/2).
+    1. For a candidate mean m, one gambler bets value after value that the values run above m,
+       another that they run below, never more than they can lose. Under the true mean each
+       one's capital is a nonnegative martingale, so it ever reaches 2/α with chance at most
+       α/2 (Ville's inequality); m is out once either has.
+    2. The upward gambler's capital falls as m rises and the downward one's grows, so the means
+       still in are one interval: from the largest m the first has ruled out to the smallest m
+       the second has. Each end is found by bisection on its own gambler.
+    3. Ruled out "at any moment so far" makes the interval the running intersection, which never
+       widens. Should the two ends cross (values that do not look like draws around one mean),
+       the interval of the current capital alone is given, which is also valid at every moment.
     (-1, 1) before any value."""
     x = (np.asarray(values, dtype=float) + 1) / 2  # onto [0, 1]
     if not len(x):
         return -1.0, 1.0
-    alpha = 1 - confidence
+    threshold = math.log(2 / (1 - confidence))
     steps = np.arange(1, len(x) + 1)
     mean_after = (0.5 + np.cumsum(x)) / (steps + 1)
     spread = (0.25 + np.cumsum((x - mean_after) ** 2)) / (steps + 1)
     spread_before = np.concatenate([[0.25], spread[:-1]])
-    bets = np.sqrt(2 * math.log(2 / alpha) / (spread_before * steps * np.log1p(steps)))
+    bets = np.sqrt(2 * threshold / (spread_before * steps * np.log1p(steps)))
 
-    def rejected(m: float) -> bool:
+    def capital(m: float, sign: int, so_far: bool) -> bool:
+        """Whether the gambler betting on `sign` has reached 2/α (ever, or now)."""
         m = min(max(m, 1e-12), 1 - 1e-12)
-        up = np.cumsum(np.log1p(np.minimum(bets, 0.5 / m) * (x - m)))
-        down = np.cumsum(np.log1p(-np.minimum(bets, 0.5 / (1 - m)) * (x - m)))
-        return bool(max(up.max(), down.max()) >= math.log(2 / alpha))
+        cap = 0.5 / m if sign > 0 else 0.5 / (1 - m)
+        logs = np.cumsum(np.log1p(sign * np.minimum(bets, cap) * (x - m)))
+        return bool((logs.max() if so_far else logs[-1]) >= threshold)
 
-    centre = float(mean_after[-1])
+    def ends(so_far: bool) -> tuple[float, float]:
+        low = _last_true(lambda m: capital(m, 1, so_far))
+        high = 1 - _last_true(lambda m: capital(1 - m, -1, so_far))
+        return low, high
 
-    def bound(inside: float, edge: float) -> float:
-        if not rejected(edge):
-            return edge
-        if rejected(inside):  # the running intersection may leave the current mean out
-            return inside
-        for _ in range(40):
-            middle = (inside + edge) / 2
-            if rejected(middle):
-                edge = middle
-            else:
-                inside = middle
-        return inside
+    low, high = ends(so_far=True)
+    if low > high:
+        low, high = ends(so_far=False)
+    low, high = min(low, high), max(low, high)
+    return 2 * low - 1, 2 * high - 1
 
-    return 2 * bound(centre, 0.0) - 1, 2 * bound(centre, 1.0) - 1
+
+def _last_true(ruled_out: Callable[[float], bool]) -> float:
+    """The edge in [0, 1] of a condition true up to it and false beyond it (0 when false at 0),
+    by bisection; the side where it is true is returned (the wider interval)."""
+    if not ruled_out(0.0):
+        return 0.0
+    inside, outside = 0.0, 1.0
+    for _ in range(40):
+        middle = (inside + outside) / 2
+        if ruled_out(middle):
+            inside = middle
+        else:
+            outside = middle
+    return inside

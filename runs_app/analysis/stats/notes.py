@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from runs_app.analysis.stats.comparison import Arm, Comparison, ComparisonData, Unit
+from runs_app.analysis.stats.comparison import Arm, ArmSummary, Comparison, ComparisonData, Unit
 
 # Below this many clusters an interval leans on its floor and the t quantile's width.
 FEW_CLUSTERS = 10
@@ -54,6 +54,34 @@ def untested_reason(data: ComparisonData, baseline: Arm, arm: Arm, units: list[U
                 f"({_names(differ)}): the difference is shown, not tested"
             )
     return ""
+
+
+def decision_words(decided: str, baseline: str, alpha: float, margin: float) -> str:
+    """What a Δ's anytime-valid interval lets a team do, in words (`compare.decision`)."""
+    stop = f"the run may stop now with its error rate still at most {alpha:g}"
+    return {
+        "better": f"decided: better than {baseline} ({stop})",
+        "worse": f"decided: worse than {baseline} ({stop})",
+        "not worse": f"decided: not worse than {baseline} by {margin * 100:g} pp or more ({stop})",
+    }.get(decided, "undecided: keep it running")
+
+
+def anytime_words(arm: ArmSummary, baseline: str, confidence: float) -> str:
+    """An arm's anytime-valid intervals (confidence sequences) in one line: what a team watching
+    a run that is still going may read and stop on (`evalrun`, reports)."""
+    level = f"{round(confidence * 100)}%"
+    text = (
+        f"{arm.label}: pass rate in [{arm.cs_low:.1%}, {arm.cs_high:.1%}] ({level} anytime-valid, "
+        f"{arm.cs_units} finished unit{'s' if arm.cs_units != 1 else ''})"
+    )
+    versus = arm.versus
+    if versus is not None:
+        text += (
+            f"; Δ vs {baseline} in [{versus.cs_low * 100:+.1f}, {versus.cs_high * 100:+.1f}] pp "
+            f"({versus.cs_units} paired unit{'s' if versus.cs_units != 1 else ''}): "
+            + decision_words(versus.decided, baseline, 1 - confidence, versus.margin)
+        )
+    return text
 
 
 def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> list[str]:

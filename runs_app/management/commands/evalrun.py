@@ -24,6 +24,8 @@ from experiments_app.models import Experiment
 from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control
 from runs_app.analysis import reports
+from runs_app.analysis.load import comparison
+from runs_app.analysis.stats import notes
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import Run, Trial, TrialEvent
 
@@ -316,6 +318,7 @@ class Command(BaseCommand):
 
     def _wait(self, run: Run, stream: str | None, first_event: int, interrupted: list[int]) -> Run:
         progress = _Progress(self.stdout, tty=self.stdout.isatty() and not stream)
+        decisions = _Decisions(progress)
         events = _EventPrinter(self.stdout, run, stream, first_event) if stream else None
         started, cancel_deadline, hinted = time.monotonic(), None, False
         while True:
@@ -328,6 +331,7 @@ class Command(BaseCommand):
             )
             if run.is_final:
                 break
+            decisions.check(run)
             if interrupted and cancel_deadline is None:
                 self.stderr.write("\ncancelling the run (Ctrl-C again to stop waiting)…")
                 with contextlib.suppress(control.ControlRefused):  # it may have ended just now
@@ -366,6 +370,9 @@ class Command(BaseCommand):
         self.stdout.write("")
         self.stdout.write(reports.headline(report))
         self.stdout.write(reports.render_text_table(report))
+        self.stdout.write("Anytime-valid intervals (valid however early the run stopped):")
+        for row in report["variants"]:
+            self.stdout.write(f"  {row['anytime']}")
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")
@@ -382,6 +389,13 @@ class _Progress:
 
     def __init__(self, out, tty: bool):
         self.out, self.tty, self.last = out, tty, None
+
+    def note(self, text: str) -> None:
+        """A line of its own, above the bar (which is drawn again after it)."""
+        if self.tty and self.last is not None:
+            self.out.write("")
+        self.out.write(text)
+        self.last = None
 
     def show(self, run: Run, running: int) -> None:
         state = (run.n_done, run.n_passed, run.n_failed, run.n_error, running)
@@ -402,6 +416,30 @@ class _Progress:
     def done(self) -> None:
         if self.tty:
             self.out.write("")
+
+
+class _Decisions:
+    """Says when a variant's anytime-valid interval of Δ decides it (or stops deciding it) while
+    the run goes on: those intervals hold at every moment, so the run may be stopped there
+    (Ctrl-C) without inflating its error rate. The comparison is computed at most every
+    EVERY_SECONDS, and only after a trial has finished."""
+
+    EVERY_SECONDS = 2.0
+
+    def __init__(self, progress: _Progress):
+        self.progress, self.seen, self.done, self.at = progress, {}, -1, 0.0
+
+    def check(self, run: Run) -> None:
+        if run.n_done == self.done or time.monotonic() - self.at < self.EVERY_SECONDS:
+            return
+        self.done, self.at = run.n_done, time.monotonic()
+        summary = comparison([run], criteria=False)
+        for arm in summary.others:
+            decided = arm.versus.decided if arm.versus else ""
+            if decided != self.seen.get(arm.key, ""):
+                words = notes.anytime_words(arm, summary.baseline_arm.label, summary.confidence)
+                self.progress.note(f"anytime-valid: {words}")
+            self.seen[arm.key] = decided
 
 
 class _EventPrinter:
