@@ -169,8 +169,8 @@ def rerun_options(run: Run) -> LaunchOptions:
 
 def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> planning.Plan:
     """What a run of `experiment` with `options` could detect: its units (tasks × dataset rows,
-    as a launch would select them) and repeats, with the variance of its latest finished run
-    when there is one."""
+    as a launch would select them), repeats and variants against the baseline (Holm over them),
+    with the rate and variance of its latest finished run when there is one."""
     options = options or LaunchOptions()
     seed = options.seed if options.seed is not None else 0
     versions = _selected_versions(experiment, options, seed)
@@ -181,7 +181,7 @@ def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> pl
     pilot = experiment.runs.filter(status=Run.Status.FINISHED).order_by("-finished_at", "-pk").first()
     if pilot is not None:
         model = planning.pilot_model(load([pilot]), None, f"from run #{pilot.pk}") or model
-    return planning.plan(units, repeats, model)
+    return planning.plan(units, repeats, model, compared=max(1, len(variants) - 1))
 
 
 def _override_layer(options: LaunchOptions) -> dict:

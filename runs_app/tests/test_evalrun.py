@@ -265,13 +265,33 @@ def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
 
     from experiments_app.models import Task
 
+    examples = settings.BASE_DIR / "examples" / "tasks"
     out = io.StringIO()
-    call_command("evalrun", *map(str, SMOKE_TASKS), "-T", "oracle", "--repeats", "3", "--plan", stdout=out)
+    call_command("evalrun", examples, "-T", "oracle", "--repeats", "3", "--plan", stdout=out)
 
     text = out.getvalue()
-    assert f"{3 * len(SMOKE_TASKS)} trials (nothing was started or stored)" in text
-    assert f"{len(SMOKE_TASKS)} units × 3 repeats per variant: detects |Δ| ≥ " in text
+    assert "72 trials (nothing was started or stored)" in text  # a dataset task among them
+    assert "24 units × 3 repeats per variant: detects |Δ| ≥ " in text
+    assert "simulated through the comparison's own test" in text and "w = 0.200, how much" in text
     assert Task.objects.count() == 0 and not Run.objects.exists()
+
+
+def test_its_plan_refuses_a_design_that_can_show_nothing():
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "evalrun", *map(str, SMOKE_TASKS), "-T", "oracle", "--repeats", "9", "--plan", stdout=out
+        )
+
+    assert refused.value.returncode == 1 and "cannot show a difference" in str(refused.value)
+    text = out.getvalue()
+    assert f"{len(SMOKE_TASKS)} units × 9 repeats per variant: cannot show any difference" in text
+    assert "At least 6 units are needed" in text and not Run.objects.exists()
 
 
 def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):

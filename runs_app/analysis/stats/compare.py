@@ -356,7 +356,7 @@ def _versus(
     )
     versus.cs_units = len(finished)
     versus.decided = decision(versus.cs_low, versus.cs_high, versus.margin)
-    _error_effects(versus, base, other, clusters, confidence, alpha, draws, seed)
+    _error_effects(versus, delta, base, other, clusters, confidence, alpha, draws, seed)
     _changed_units(versus, units, paired, baseline, arm)
     return versus
 
@@ -375,10 +375,27 @@ def decision(low: float, high: float, margin: float = NON_INFERIORITY_MARGIN) ->
 
 
 def _error_effects(
-    versus: Versus, base: _Column, other: _Column, clusters, confidence: float, alpha: float, draws, seed
+    versus: Versus,
+    delta: inference.PairedDelta,
+    base: _Column,
+    other: _Column,
+    clusters,
+    confidence: float,
+    alpha: float,
+    draws,
+    seed,
 ) -> None:
     """Δ with every infrastructure error a fail and with every one a pass, and whether the arms'
     infrastructure-error shares differ."""
+    if not any(n for n, _ in base.infra) and not any(n for n, _ in other.infra):
+        # No infrastructure error in either arm: the three are Δ itself, and the shares are 0.
+        for form in ("fail", "pass"):
+            setattr(versus, f"delta_if_errors_{form}", delta.estimate)
+            setattr(versus, f"delta_if_errors_{form}_low", delta.low)
+            setattr(versus, f"delta_if_errors_{form}_high", delta.high)
+        if any(b[1] and a[1] for b, a in zip(base.infra, other.infra, strict=True)):
+            versus.baseline_error_share = versus.arm_error_share = 0.0
+        return
     for form, counts in (("fail", (base.finished, other.finished)), ("pass", (base.if_pass, other.if_pass))):
         found = inference.difference_interval(*counts, clusters, confidence, draws=draws, seed=seed)
         if found is not None:

@@ -120,6 +120,38 @@ def comparison_data(design: Design, rng: np.random.Generator, *, rows: bool = Fa
     )
 
 
+def planned_data(
+    units: int, repeats: int, compared: int, model, effect: float, rng: np.random.Generator
+) -> ComparisonData:
+    """One run as the planner imagines it (`planning.simulated_power`), as the comparison's
+    input: a baseline, a variant with `effect` laid as the planner lays it, and `compared - 1`
+    variants the same as the baseline; so its claims can be checked through the real compare()."""
+    from runs_app.analysis.stats import planning
+
+    base_p = planning.difficulties(model, (units,), rng)
+    share, size = planning.laid_effect(effect, model)
+    chances = [base_p, base_p + size * (1 - base_p) * (rng.random(units) < share)]
+    chances += [base_p] * (compared - 1)
+    keys = ["base", "new", *(f"same-{i}" for i in range(1, compared))]
+    arms = [Arm(key, key, 1, i + 1, key) for i, key in enumerate(keys)]
+    tasks = [TaskInfo(i + 1, f"task-{i:04d}", ()) for i in range(units)]
+    cells = {}
+    for key, chance in zip(keys, chances, strict=True):
+        for task, passes in zip(tasks, rng.binomial(repeats, chance), strict=True):
+            cells[(key, task.task_id, "")] = Cell(
+                passed=int(passes), failed=repeats - int(passes), total=repeats
+            )
+    return ComparisonData(
+        runs=[_FinishedRun()],
+        arms=arms,
+        tasks=tasks,
+        units=[Unit(task, "") for task in tasks],
+        cells=cells,
+        digests={},
+        default_baseline="base",
+    )
+
+
 class _FinishedRun:
     pk = 1
     status = "finished"

@@ -3,7 +3,8 @@
 The run is a normal Run (the dashboard shows it); the worker processes execute it. This command
 imports the task files, launches (or resumes) the run, follows it, prints the comparison summary
 and writes the requested reports. Exit codes: 0 every trial passed and every gate holds, 1 a
-trial failed or errored, a gate failed or the run was cancelled, 2 bad input; 130 on Ctrl-C.
+trial failed or errored, a gate failed or the run was cancelled (with `--plan`: the design can
+detect no effect), 2 bad input; 130 on Ctrl-C.
 """
 
 import contextlib
@@ -36,6 +37,7 @@ EVENT_LOOKBACK = 500
 WORKER_HINT_AFTER = 15.0
 CANCEL_WAIT_SECONDS = 60.0
 EXIT_BAD_INPUT = 2
+EXIT_REFUSED_PLAN = 1  # `--plan` of a design that can detect no effect
 PLAN_LINES = 30  # task × variant lines `--plan` prints before "and N more"
 EXIT_INTERRUPTED = 130
 
@@ -99,8 +101,9 @@ class Command(BaseCommand):
         parser.add_argument("-s", "--stream", choices=["full", "minimal"], help="print trial events live")
         parser.add_argument("--no-wait", action="store_true", help="print the run's id and URL, then exit")
         parser.add_argument(
-            "--plan", action="store_true", help="print the effect this run could detect, and start nothing"
-        )
+            "--plan", action="store_true",
+            help="print the effect this run could detect, and start nothing (exit 1: it can detect none)",
+        )  # fmt: skip
         parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write a JUnit XML report here")
         parser.add_argument("--report", type=Path, metavar="DIR", help="write report.md and report.json here")
         parser.add_argument("--log-file", type=Path, help="also write logs to this file")
@@ -220,6 +223,11 @@ class Command(BaseCommand):
             self.stdout.write(f"  and {len(cells) - PLAN_LINES} more task × variant pairs")
         for line in plan.lines():
             self.stdout.write(f"  {line}")
+        if plan.refused:
+            raise CommandError(
+                "this design cannot show a difference between the variants (see above): add tasks",
+                returncode=EXIT_REFUSED_PLAN,
+            )
 
     def _problems(self, title: str, problems: list[str]) -> str:
         return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems)

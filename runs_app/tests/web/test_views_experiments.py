@@ -154,3 +154,15 @@ def test_a_script_attached_in_the_form_runs_as_its_command_agent(
 
     trial = run.trials.get()
     assert trial.status == "passed", (trial.error_message, trial.agent_stderr[-500:])
+
+
+def test_its_page_refuses_a_design_too_small_to_show_anything(member_client):
+    smoke_experiment()  # three tasks, two variants
+
+    response = member_client.get(reverse("experiment_detail", args=["smoke"]))
+
+    assert response.context["plan"].refused
+    body = response.content.decode()
+    assert 'data-testid="plan-refused"' in body
+    assert "3 units × 1 repeat per variant: cannot show any difference, whatever the agents do" in body
+    assert "At least 6 units are needed" in body
