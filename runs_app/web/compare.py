@@ -222,6 +222,7 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "cost_per_pass": _with_interval(
             arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"
         ),
+        "cost_per_trial": _with_interval(arm.mean_cost, arm.mean_cost_low, arm.mean_cost_high, "${:,.4f}"),
         "flaky": _capped(arm.flaky),
         "at_k": [_at_k(arm, k) for k in range(1, max_k + 1)],
         "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
@@ -240,6 +241,15 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
             row["error_range"] = (
                 f"{versus.delta_if_errors_fail * 100:+.1f} to {versus.delta_if_errors_pass * 100:+.1f} pp"
             )
+        row["cost_delta"] = _with_interval(
+            versus.cost_delta, versus.cost_delta_low, versus.cost_delta_high, "${:+,.4f}"
+        )
+        row["cost_per_pass_delta"] = _with_interval(
+            versus.cost_per_pass_delta,
+            versus.cost_per_pass_delta_low,
+            versus.cost_per_pass_delta_high,
+            "${:+,.4f}",
+        )
     row["improved"] = _capped(versus.improved if versus else [])
     row["regressed"] = _capped(versus.regressed if versus else [])
     return row

@@ -93,9 +93,32 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
     return {"data": [points], "layout": layout}
 
 
+def pareto_front(arms: list[ArmSummary]) -> list[ArmSummary]:
+    """The arms no other arm beats on both pass rate and cost per trial (as high a rate for no
+    more cost, one of them strictly), cheapest first: the choices worth making."""
+    known = [
+        (arm.mean_cost, arm.pass_rate, arm)
+        for arm in arms
+        if arm.pass_rate is not None and arm.mean_cost is not None
+    ]
+    front = [
+        (cost, rate, arm)
+        for cost, rate, arm in known
+        if not any(
+            other_cost <= cost and other_rate >= rate and (other_cost < cost or other_rate > rate)
+            for other_cost, other_rate, _ in known
+        )
+    ]
+    return [arm for _, _, arm in sorted(front, key=lambda item: (item[0], -item[1]))]
+
+
 def cost_figure(comparison: Comparison) -> dict[str, Any]:
-    """Pass rate against mean cost per trial, one point per arm."""
-    arms = [arm for arm in comparison.arms if arm.pass_rate is not None]
+    """Pass rate against cost per trial, one point per arm (per run and variant across runs),
+    both with their 95% intervals, and the Pareto frontier: the arms no other beats on both.
+    Dominated arms are hollow."""
+    arms = [arm for arm in comparison.arms if arm.pass_rate is not None and arm.mean_cost is not None]
+    front = pareto_front(arms)
+    on_front = {arm.key for arm in front}
     points = {
         "type": "scatter",
         # Past a few arms the names would sit on each other: they move to the hover text.
@@ -106,13 +129,32 @@ def cost_figure(comparison: Comparison) -> dict[str, Any]:
         "textposition": "top center",
         "cliponaxis": False,  # labels of points at the axis edge stay whole
         "error_y": _error_bars(arms, "pass_rate", "low", "high"),
-        "marker": {"size": 10, "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
-        "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<extra></extra>",
+        "error_x": _error_bars(arms, "mean_cost", "mean_cost_low", "mean_cost_high"),
+        "customdata": ["on the Pareto frontier" if arm.key in on_front else "beaten on both" for arm in arms],
+        "marker": {
+            "size": 10,
+            "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms],
+            "symbol": ["circle" if arm.key in on_front else "circle-open" for arm in arms],
+        },
+        "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<br>%{customdata}<extra></extra>",
+        "name": "arms",
     }
-    layout = _layout("Pass rate vs cost")
-    layout["xaxis"] = {"title": {"text": "mean cost per trial (USD)"}, "rangemode": "tozero"}
+    frontier = {
+        "type": "scatter",
+        "mode": "lines",
+        "x": [arm.mean_cost for arm in front],
+        "y": [arm.pass_rate for arm in front],
+        "line": {"shape": "hv", "color": ARM_COLOUR, "dash": "dot", "width": 1.5},
+        "hoverinfo": "skip",
+        "name": "Pareto frontier",
+    }
+    layout = _layout("Pass rate vs cost per trial (Pareto frontier dotted)")
+    layout["xaxis"] = {
+        "title": {"text": "mean cost per trial (USD, the agent's calls)"},
+        "rangemode": "tozero",
+    }
     layout["yaxis"] = {"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "pass rate"}}
-    return {"data": [points], "layout": layout}
+    return {"data": [frontier, points], "layout": layout}
 
 
 def figures(comparison: Comparison) -> dict[str, dict[str, Any]]:

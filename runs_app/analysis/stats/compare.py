@@ -178,6 +178,9 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
     per_pass = inference.ratio_interval(
         [c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters)
     )
+    per_trial = inference.ratio_interval(
+        [c.cost for c in cells], [c.total - c.pending for c in cells], _keys(column, clusters)
+    )
     durations = [cell.duration_sum / cell.duration_n for cell in cells if cell.duration_n]
     curves = _k_curves(counted.graded, clusters, confidence)
     finished = _in_finishing_order(counted.cells, counted.graded)
@@ -221,6 +224,8 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         cost=cost,
         answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
         judge_cost=math.fsum(cell.judge_cost for cell in cells),
+        mean_cost_low=max(0.0, per_trial.low) if per_trial and per_trial.se is not None else None,
+        mean_cost_high=per_trial.high if per_trial and per_trial.se is not None else None,
         cost_per_pass=per_pass.estimate if per_pass else None,
         cost_per_pass_low=max(0.0, per_pass.low) if per_pass and per_pass.se is not None else None,
         cost_per_pass_high=per_pass.high if per_pass and per_pass.se is not None else None,
@@ -357,8 +362,30 @@ def _versus(
     versus.cs_units = len(finished)
     versus.decided = decision(versus.cs_low, versus.cs_high, versus.margin)
     _error_effects(versus, delta, base, other, clusters, confidence, alpha, draws, seed)
+    _cost_effects(versus, base, other, clusters, confidence)
     _changed_units(versus, units, paired, baseline, arm)
     return versus
+
+
+def _cost_effects(versus: Versus, base: _Column, other: _Column, clusters, confidence: float) -> None:
+    """The arm's cost per trial and per passed trial minus the baseline's, over the units both
+    arms ended trials of, with paired intervals (`inference.ratio_difference`)."""
+
+    def per(column: _Column, denominator) -> list[tuple[float, float] | None]:
+        return [
+            (cell.cost, denominator(cell)) if cell is not None and cell.total > cell.pending else None
+            for cell in column.cells
+        ]
+
+    for name, denominator in (("cost", lambda c: c.total - c.pending), ("cost_per_pass", lambda c: c.passed)):
+        found = inference.ratio_difference(
+            per(other, denominator), per(base, denominator), clusters, confidence
+        )
+        if found is not None:
+            setattr(versus, f"{name}_delta", found.estimate)
+            if found.se is not None:
+                setattr(versus, f"{name}_delta_low", found.low)
+                setattr(versus, f"{name}_delta_high", found.high)
 
 
 def decision(low: float, high: float, margin: float = NON_INFERIORITY_MARGIN) -> str:

@@ -222,6 +222,14 @@ class Versus:
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
     errors_differ: bool = False  # error_p below the comparison's α
+    # The arm's cost per ended trial, and per passed trial, minus the baseline's, in USD over the
+    # units both ended trials of (the agent's calls), with paired intervals.
+    cost_delta: float | None = None
+    cost_delta_low: float | None = None
+    cost_delta_high: float | None = None
+    cost_per_pass_delta: float | None = None
+    cost_per_pass_delta_low: float | None = None
+    cost_per_pass_delta_high: float | None = None
     improved: list[UnitDelta] = field(default_factory=list)
     regressed: list[UnitDelta] = field(default_factory=list)
     # How many units would show a change in each direction if the arms were the same (each unit
@@ -275,6 +283,8 @@ class ArmSummary:
     cost: float  # the agent's calls only; the answerer's and the judge's are apart
     answerer_cost: float
     judge_cost: float
+    mean_cost_low: float | None  # the interval of `mean_cost`, cost per ended trial
+    mean_cost_high: float | None
     cost_per_pass: float | None
     cost_per_pass_low: float | None
     cost_per_pass_high: float | None
@@ -293,7 +303,7 @@ class ArmSummary:
 
     @property
     def mean_cost(self) -> float | None:
-        """Cost per finished trial, whatever its outcome (errors and cancellations cost too)."""
+        """Cost per ended trial, whatever its outcome (errors and cancellations cost too)."""
         finished = self.trials - self.pending
         return self.cost / finished if finished else None
 

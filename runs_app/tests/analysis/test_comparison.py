@@ -400,8 +400,49 @@ def test_it_draws_valid_plotly_figures():
     assert bars["error_y"]["arrayminus"][0] == pytest.approx(base.pass_rate - base.low)
     forest = figures["chart-forest"]["data"][0]
     assert forest["y"] == ["new"] and forest["x"] == pytest.approx([2 / 9])
-    cost = figures["chart-cost"]["data"][0]
+    frontier, cost = figures["chart-cost"]["data"]
     assert cost["x"] == pytest.approx([0.5, 0.5])
+    # Same cost, new passes more often: base is beaten on both, hollow, off the frontier.
+    assert frontier["y"] == pytest.approx([7 / 9]) and cost["marker"]["symbol"] == ["circle-open", "circle"]
+
+
+def test_the_pareto_front_keeps_the_arms_no_other_beats_on_both():
+    def summary(key, rate, cost):
+        return charts.ArmSummary(**{**_blank_arm(key), "pass_rate": rate, "cost": cost, "trials": 10})
+
+    arms = [summary("cheap", 0.4, 1.0), summary("dear", 0.8, 5.0), summary("worse", 0.5, 6.0),
+            summary("tied", 0.4, 1.0), summary("middle", 0.6, 3.0)]  # fmt: skip
+    assert [arm.key for arm in charts.pareto_front(arms)] == ["cheap", "tied", "middle", "dear"]
+
+
+def _blank_arm(key: str) -> dict:
+    fields = dict.fromkeys(charts.ArmSummary.__dataclass_fields__)
+    counts = ("trials", "passed", "failed", "errors", "agent_errors", "cancelled", "tampered", "pending")
+    fields.update(dict.fromkeys(counts, 0), key=key, label=key, run_id=1, variant_slug=key)
+    fields.update(is_baseline=False, interval="", flaky=[], not_comparable=[], tokens=0)
+    fields.update(answerer_cost=0.0, judge_cost=0.0, units=1, clusters=1)
+    fields.update(pass_at_k={}, pass_at_k_low={}, pass_at_k_high={}, pass_at_k_units={}, pass_hat_k={})
+    fields.update(versus=None, cs_low=0.0, cs_high=1.0, cs_units=0)
+    return fields
+
+
+def test_cost_deltas_are_paired_ratios_over_the_same_units():
+    costs = {
+        ("a", "base", 0): 1.0, ("a", "base", 1): 1.0, ("a", "new", 0): 2.0, ("a", "new", 1): 2.0,
+        ("b", "base", 0): 3.0, ("b", "base", 1): 1.0, ("b", "new", 0): 2.0, ("b", "new", 1): 6.0,
+        ("c", "base", 0): 1.0, ("c", "base", 1): 1.0, ("c", "new", 0): 1.0, ("c", "new", 1): 3.0,
+        ("d", "new", 0): 9.0,
+    }  # fmt: skip
+    outcomes = {"a": {"base": "PF", "new": "PP"}, "b": {"base": "PP", "new": "FP"},
+                "c": {"base": "FF", "new": "PE"}, "d": {"new": "P"}}  # fmt: skip
+    result = load.compare_runs([make_run(make_experiment(), outcomes, baseline="base", cost_usd=costs)])
+    versus = arm(result, "new").versus
+    # Over a, b, c (d has no baseline): per trial 16/6 - 8/6; per pass 16/4 - 8/3.
+    assert versus.cost_delta == pytest.approx(16 / 6 - 8 / 6)
+    assert versus.cost_per_pass_delta == pytest.approx(16 / 4 - 8 / 3)
+    assert versus.cost_delta_low < versus.cost_delta < versus.cost_delta_high
+    new = arm(result, "new")
+    assert new.mean_cost == pytest.approx(25 / 7) and new.mean_cost_low < new.mean_cost < new.mean_cost_high
 
 
 def test_cross_run_and_long_labels_wrap_and_many_arms_lean_so_none_overlap():
@@ -417,7 +458,7 @@ def test_cross_run_and_long_labels_wrap_and_many_arms_lean_so_none_overlap():
     many = make_experiment(slug="many", variants=tuple(f"v{i}" for i in range(8)))
     result = load.compare_runs([make_run(many, {"a": {f"v{i}": "P" for i in range(8)}})])
     assert charts.pass_rate_figure(result)["layout"]["xaxis"]["tickangle"] == -40
-    assert charts.cost_figure(result)["data"][0]["mode"] == "markers"
+    assert charts.cost_figure(result)["data"][1]["mode"] == "markers"
     for figure in charts.figures(result).values():
         go.Figure(figure)
 

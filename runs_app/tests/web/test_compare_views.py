@@ -261,3 +261,22 @@ def test_the_cost_columns_say_whose_calls_they_count(member_client):
     assert (arms["base"].answerer_cost, arms["base"].judge_cost) == (0.75, 0.0)
     assert (arms["new"].answerer_cost, arms["new"].judge_cost) == (0.0, 0.125)
     assert "$0.75" in page and "$0.12" in page
+
+
+def test_it_shows_cost_differences_with_intervals_and_the_pareto_frontier(member_client):
+    outcomes = {f"t{i}": {"base": "PF", "new": "PP"} for i in range(6)}
+    costs = {(f"t{i}", "new", r): 0.5 + 0.1 * i for i in range(6) for r in range(2)}
+    run = make_run(make_experiment(), outcomes, baseline="base", cost_usd=costs)
+
+    response = member_client.get(compare_url(run))
+
+    versus = response.context["comparison"].arm("new").versus
+    assert versus.cost_delta == pytest.approx(0.25) and versus.cost_delta_low < 0.25 < versus.cost_delta_high
+    page = response.content.decode()
+    assert "Δ cost / trial" in page and "Cost / trial (agent)" in page
+    low, high = versus.cost_delta_low, versus.cost_delta_high
+    assert f"${versus.cost_delta:+,.4f} [${low:+,.4f}, ${high:+,.4f}]" in page
+    figure = json.loads(page.split('id="chart-cost-data" type="application/json">')[1].split("</script>")[0])
+    frontier, points = figure["data"]
+    assert frontier["name"] == "Pareto frontier" and len(frontier["x"]) == 2  # neither beats the other
+    assert points["error_x"]["array"][1] > 0
