@@ -28,6 +28,7 @@ from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control
 from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs
+from runs_app.analysis.stats import records
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
 from runs_app.tokens import verify_token
@@ -200,7 +201,7 @@ class CountsOut(Schema):
     running: int
     passed: int
     failed: int
-    error: int
+    errors: int
     cancelled: int
 
 
@@ -408,11 +409,7 @@ def _run_out(run: Run) -> dict:
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "overrides": run.overrides,
-        "counts": {
-            "trials": run.n_trials,
-            "done": run.n_done,
-            **{name: getattr(run, f"n_{name}") for name in Trial.Status.values},
-        },
+        "counts": exports.run_counts(run),
         "gates": {"passed": run.gates_passed, "gates": run.gates, "results": run.gate_results},
         "summary": run_summary(run),
         "url": run.get_absolute_url(),
@@ -421,9 +418,10 @@ def _run_out(run: Run) -> dict:
 
 
 def run_summary(run: Run) -> dict:
-    """The comparison page's summary: per variant (arm) counts, pass rate with its 95% interval
-    (errors apart), mean score, tokens, cost; each arm against the baseline; warnings."""
-    return compare_runs([run]).to_dict()
+    """The comparison page's summary in its one shape (`stats.records`, docs/schema.md): per
+    variant (arm) counts, pass rate with its 95% interval (errors apart), mean score, tokens,
+    cost; each arm against the baseline; warnings."""
+    return records.comparison_record(compare_runs([run]))
 
 
 def _trials_of(run: Run, query: TrialQuery):

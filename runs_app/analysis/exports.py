@@ -76,6 +76,21 @@ def trial_rows(trials, chunk_size: int = 2000) -> Iterator[dict[str, Any]]:
         yield row
 
 
+def run_counts(run) -> dict[str, int]:
+    """A run's trials by outcome, as the API and the reports give them (the names of the
+    comparison's per-arm counts: `stats.records`)."""
+    return {
+        "trials": run.n_trials,
+        "done": run.n_done,
+        "queued": run.n_queued,
+        "running": run.n_running,
+        "passed": run.n_passed,
+        "failed": run.n_failed,
+        "errors": run.n_error,
+        "cancelled": run.n_cancelled,
+    }
+
+
 def csv_safe(value: Any) -> Any:
     """A cell as written to CSV: empty for None, and text that a spreadsheet would run as a
     formula (agent output, dataset row ids, gate details) prefixed with a quote. Numbers stay."""

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET
 from experiments_app.models import Experiment
 from runs_app.analysis import exports
 from runs_app.analysis.load import comparison, loaded
-from runs_app.analysis.stats import charts
+from runs_app.analysis.stats import charts, records
 from runs_app.analysis.stats.comparison import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison
 from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
@@ -176,9 +176,9 @@ def _file_stem(experiment: Experiment, runs: Sequence[Run]) -> str:
 
 def _summary_download(result: Comparison, fmt: str, stem: str) -> HttpResponse:
     if fmt == "json":
-        response = JsonResponse(result.to_dict(), json_dumps_params={"indent": 1})
+        response = JsonResponse(records.comparison_record(result), json_dumps_params={"indent": 1})
     else:
-        rows = result.summary_rows()
+        rows = records.csv_rows(result)
         columns = list(rows[0]) if rows else ["arm"]
         response = HttpResponse(exports.csv_lines(rows, columns), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{stem}-summary.{fmt}"'

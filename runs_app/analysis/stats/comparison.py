@@ -1,12 +1,12 @@
 """The comparison's types: the loaded data (arms, units, cells) and what a comparison returns
-(each arm's summary, its versus the baseline, breakdowns), with their JSON and table shapes.
-Pure Python, no Django. `compare` computes them; `notes` words them.
+(each arm's summary, its versus the baseline, breakdowns). Pure Python, no Django. `compare`
+computes them, `notes` words them, `records` gives them their one shape outside the program.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app.analysis.stats.inference import Interval, PassCount
@@ -40,23 +40,6 @@ SUMMED: tuple[str, ...] = (
     "duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost",
     "tampered",
 )  # fmt: skip
-# Summary CSV column -> Versus attribute.
-VERSUS_COLUMNS = {
-    "paired_units": "units",
-    "paired_clusters": "clusters",
-    "baseline_rate_paired": "baseline_rate",
-    "rate_paired": "arm_rate",
-    "delta": "delta",
-    "delta_low": "low",
-    "delta_high": "high",
-    "detectable_delta": "mde",
-    "test": "test",
-    "p_value": "p_value",
-    "p_holm": "p_holm",
-    "untested_because": "untested",
-    "delta_if_errors_fail": "delta_if_errors_fail",
-    "infra_error_p": "error_p",
-}
 
 
 @dataclass
@@ -361,93 +344,10 @@ class Comparison:
     def arm(self, key: str) -> ArmSummary | None:
         return next((arm for arm in self.arms if arm.key == key), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as JSON-ready data (no per-unit matrix: see `trial_rows` for trials)."""
-        return {
-            "runs": [
-                {
-                    "id": run.pk,
-                    "status": run.status,
-                    "fingerprint": run.fingerprint,
-                    "gates": run.gate_results,
-                }
-                for run in self.runs
-            ],
-            "baseline": self.baseline,
-            "tags": self.tags,
-            "cluster": self.cluster,
-            "method": self.method,
-            "repeats": self.repeats,
-            "units": self.units,
-            "tasks": len(self.rows),
-            "confidence": self.confidence,
-            "alpha": self.alpha,
-            "final": self.final,
-            "arms": [asdict(arm) for arm in self.arms],
-            "overall": self.overall._asdict() if self.overall else None,
-            "by_tag": [_breakdown_dict(row, self.arms) for row in self.by_tag],
-            "by_criterion": [_breakdown_dict(row, self.arms) for row in self.by_criterion],
-            "warnings": self.warnings,
-        }
-
-    def summary_rows(self) -> list[dict[str, Any]]:
-        """One flat row per arm (the summary CSV)."""
-        rows = []
-        for arm in self.arms:
-            row = {
-                "arm": arm.key,
-                "run": arm.run_id,
-                "variant": arm.variant_slug,
-                "baseline": arm.is_baseline,
-                "trials": arm.trials,
-                "passed": arm.passed,
-                "failed": arm.failed,
-                "errors": arm.errors,
-                "agent_errors": arm.agent_errors,
-                "cancelled": arm.cancelled,
-                "pending": arm.pending,
-                "units": arm.units,
-                "clusters": arm.clusters,
-                "pass_rate": arm.pass_rate,
-                "pass_rate_low": arm.low,
-                "pass_rate_high": arm.high,
-                "interval": arm.interval,
-                "pass_rate_if_errors_fail": arm.rate_if_errors_fail,
-                "mean_score": arm.mean_score,
-                "median_duration_s": arm.median_duration,
-                "tokens": arm.tokens,
-                "cost_usd": arm.cost,
-                "cost_per_pass_usd": arm.cost_per_pass,
-                "answerer_cost_usd": arm.answerer_cost,
-                "judge_cost_usd": arm.judge_cost,
-            }
-            for k in range(1, self.max_k + 1):
-                row[f"pass@{k}"] = arm.pass_at_k.get(k)
-                row[f"pass^{k}"] = arm.pass_hat_k.get(k)
-            versus = arm.versus
-            row.update({column: getattr(versus, name, None) for column, name in VERSUS_COLUMNS.items()})
-            row["improved"] = len(versus.improved) if versus else None
-            row["regressed"] = len(versus.regressed) if versus else None
-            row["flaky"] = len(arm.flaky)
-            rows.append(row)
-        return rows
-
 
 def method_text(cluster: str, confidence: float) -> str:
     return (
         f"{round(confidence * 100)}% cluster-robust t interval ({CLUSTERINGS.get(cluster, cluster)}; "
-        "floored by Wilson near 0% and 100%, by Newcombe for Δ); sign-flip permutation test, "
-        "Holm-adjusted"
+        "floored by Wilson near 0% and 100%); Δ: the sign-flip permutation test inverted, floored by "
+        "the number of clusters, Holm-adjusted"
     )
-
-
-def _breakdown_dict(row: BreakdownRow, arms: list[ArmSummary]) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "arms": {
-            arm.key: (cell._asdict() if cell else None) for arm, cell in zip(arms, row.cells, strict=True)
-        },
-    }
-
-
-# --- statistics -------------------------------------------------------------------------------

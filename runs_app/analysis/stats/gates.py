@@ -37,7 +37,7 @@ class VersusFacts:
     delta: float
     low: float
     high: float
-    p_adjusted: float | None  # Holm-adjusted across the run's variants; None when untested
+    p_holm: float | None  # Holm-adjusted across the run's variants; None when untested
     untested: str = ""  # why no test was run
     low_if_errors_fail: float | None = None  # Δ's lower bound with every error a fail
     detectable: float | None = None  # the smallest |Δ| the design detects; None: none
@@ -51,7 +51,7 @@ class VariantFacts:
     slug: str
     passed: int = 0
     failed: int = 0
-    error: int = 0
+    errors: int = 0
     agent_errors: int = 0
     rate: float | None = None
     low: float | None = None
@@ -61,7 +61,7 @@ class VariantFacts:
 
     @property
     def tally(self) -> Tally:
-        return Tally(self.passed, self.failed, self.error, self.agent_errors)
+        return Tally(self.passed, self.failed, self.errors, self.agent_errors)
 
 
 @dataclass(frozen=True)

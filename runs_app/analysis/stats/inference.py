@@ -8,7 +8,8 @@ treats clusters, not trials, as the independent draws.
 - `rate_interval`: the unit-weighted mean pass rate (each unit weighs the same, however many
   trials it had) with a cluster-robust t interval, floored near 0% and 100%.
 - `difference_interval`: Δ = the same mean over units both arms graded, arm minus baseline,
-  which is exactly the difference of the two arms' rates over those units.
+  which is exactly the difference of the two arms' rates over those units; its interval is the
+  sign-flip test inverted and floored by the number of clusters, so p and interval agree.
 - `sign_flip_p`: the paired permutation test of Δ = 0 (exact where it can be enumerated).
 - `ratio_interval`: any ratio of cluster sums (mean score, cost per success, pass@k) with the
   same cluster-robust t interval, unfloored; `ratio_difference` the paired difference of two
@@ -18,8 +19,10 @@ Why these and not a bootstrap: a percentile bootstrap over 10 clusters covers 91
 smallest p is 2/(B + 1). The t(C - 1) interval with the CR1 correction covers at least 94% from
 10 clusters up in `bench/stats_validity.py`, except where the outcome sits near 0 or 1 and the
 sample variance collapses; there the floor takes over: a continuity-corrected Wilson interval on
-the effective sample size for a rate, Newcombe's paired interval for Δ. The sign-flip test is a
-permutation test, so its false-positive rate is at most α whatever the number of clusters.
+the effective sample size for a rate. Δ's floor is sized by the clusters alone: an effect on a
+few tasks may be missing from a small sample however often each is repeated. The sign-flip test
+is a permutation test, so its false-positive rate is at most α whatever the number of clusters.
+`confidence_sequence` gives intervals valid at every moment of a run still going.
 """
 
 from __future__ import annotations

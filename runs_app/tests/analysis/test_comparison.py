@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
 from runs_app.analysis import exports, load, rollup
-from runs_app.analysis.stats import charts, compare, inference, intervals
+from runs_app.analysis.stats import charts, compare, inference, intervals, records
 from runs_app.models import CriterionResult, Run, Trial
 
 pytestmark = pytest.mark.django_db
@@ -376,12 +376,13 @@ def test_it_leaves_replaced_attempts_out():
 
 def test_it_summarises_as_flat_rows_and_json_ready_data():
     result = load.compare_runs([make_run(make_experiment(), REPEATS)])
-    rows = result.summary_rows()
+    rows = records.csv_rows(result)
     assert [row["arm"] for row in rows] == ["base", "new"]
     assert rows[1]["delta"] == pytest.approx(2 / 9) and rows[0]["delta"] is None
-    assert rows[0]["pass@3"] == pytest.approx(2 / 3)
-    data = result.to_dict()
-    assert data["arms"][1]["versus"]["test"] == "sign-flip (exact), floored by the number of clusters"
+    assert rows[0]["pass_at_k_3"] == pytest.approx(2 / 3)
+    data = records.comparison_record(result)
+    assert data["arms"][1]["test"] == "sign-flip (exact), floored by the number of clusters"
+    assert list(data["arms"][1]) == list(data["arms"][0]) and "pass_at_k" in data["arms"][0]
     assert data["cluster"] == "unit" and "cluster-robust t" in data["method"]
 
 
@@ -508,9 +509,9 @@ def test_arms_without_a_shared_unit_have_no_versus_anywhere():
     run = make_run(make_experiment(), {"a": {"base": "P"}, "b": {"new": "F"}})
     result = load.compare_runs([run])
     assert arm(result, "new").versus is None
-    row = result.summary_rows()[1]
+    row = records.csv_rows(result)[1]
     assert row["delta"] is None and row["p_value"] is None and row["paired_units"] is None
-    assert result.to_dict()["arms"][1]["versus"] is None
+    assert records.comparison_record(result)["arms"][1]["delta"] is None
 
 
 def test_a_running_run_shows_no_p_values():

@@ -54,7 +54,7 @@ def versus(
 
 BASE = VariantFacts("base", passed=8, failed=2, rate=0.8, low=0.62, high=0.91)
 NEW = VariantFacts(
-    "new", passed=5, failed=4, error=1, rate=5 / 9, low=0.3, high=0.78, versus=versus(-0.3, -0.5, -0.1)
+    "new", passed=5, failed=4, errors=1, rate=5 / 9, low=0.3, high=0.78, versus=versus(-0.3, -0.5, -0.1)
 )
 
 
@@ -81,7 +81,7 @@ def test_min_pass_rate_may_judge_the_estimate_or_every_variant_together():
 
 
 def test_it_fails_a_pass_rate_gate_without_graded_trials_or_for_a_missing_variant():
-    only_errors = facts(VariantFacts("base", error=3))
+    only_errors = facts(VariantFacts("base", errors=3))
 
     assert judge({"type": "min_pass_rate", "value": 0.0}, only_errors)["passed"] is False
     missing = judge({"type": "min_pass_rate", "value": 0.5, "variant": "gone"}, facts(BASE))
@@ -163,16 +163,16 @@ def test_no_regression_with_a_margin_is_a_non_inferiority_check():
 
 
 def test_min_pass_rate_cannot_decide_when_the_errors_could_hide_fails():
-    hiding = VariantFacts("base", 8, 2, error=5, rate=0.8, low=0.62, high=0.91, low_if_errors_fail=0.4)
+    hiding = VariantFacts("base", 8, 2, errors=5, rate=0.8, low=0.62, high=0.91, low_if_errors_fail=0.4)
     result = judge({"type": "min_pass_rate", "value": 0.6}, facts(hiding))
     assert result["passed"] is False and "cannot decide" in result["detail"]
 
 
 def test_it_caps_the_error_share_at_the_boundary():
     run = facts(
-        VariantFacts("base", passed=9, error=1),
-        VariantFacts("new", passed=7, error=3),
-        overall=VariantFacts("overall", passed=16, error=4),
+        VariantFacts("base", passed=9, errors=1),
+        VariantFacts("new", passed=7, errors=3),
+        overall=VariantFacts("overall", passed=16, errors=4),
     )
 
     assert judge({"type": "max_error_share", "value": 0.1, "variant": "base"}, run)["passed"] is True

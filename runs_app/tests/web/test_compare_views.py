@@ -144,7 +144,7 @@ def test_it_downloads_the_summary_as_csv_and_json(member_client, run):
         ("new", "2", "1"),
     ]
     data = member_client.get(compare_url(run, format="json", table="summary")).json()
-    assert data["baseline"] == "base" and data["arms"][1]["versus"]["units"] == 3
+    assert data["baseline"] == "base" and data["arms"][1]["paired_units"] == 3
 
 
 def test_it_streams_the_trials_as_csv_and_json(member_client, run):
