@@ -251,9 +251,9 @@ class TrialOut(Schema):
     output_tokens: int
     cache_read_tokens: int
     cache_creation_tokens: int
-    cost_usd: float
-    answerer_cost_usd: float
-    judge_cost_usd: float
+    cost_usd: float | None  # None: not a finite number (docs/schema.md)
+    answerer_cost_usd: float | None
+    judge_cost_usd: float | None
     turns: int
     timed_out: bool
     budget_exceeded: str

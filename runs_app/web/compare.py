@@ -4,6 +4,7 @@ All state lives in the query string (baseline, tags, heat-map page, runs), so a 
 shared by copying its URL; `?format=csv|json&table=summary|trials` downloads the same data.
 """
 
+import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -216,9 +217,9 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "mean_score": _with_interval(arm.mean_score, arm.mean_score_low, arm.mean_score_high, "{:.3f}"),
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
         "tokens": f"{arm.tokens:,}",
-        "cost": f"${arm.cost:,.2f}",
-        "answerer_cost": f"${arm.answerer_cost:,.2f}",
-        "judge_cost": f"${arm.judge_cost:,.2f}",
+        "cost": _with_interval(arm.cost, None, None, "${:,.2f}"),
+        "answerer_cost": _with_interval(arm.answerer_cost, None, None, "${:,.2f}"),
+        "judge_cost": _with_interval(arm.judge_cost, None, None, "${:,.2f}"),
         "cost_per_pass": _with_interval(
             arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"
         ),
@@ -275,9 +276,11 @@ def _capped(items: list) -> dict:
 
 
 def _with_interval(value: float | None, low: float | None, high: float | None, form: str) -> str:
-    if value is None:
-        return "–"
-    if low is None:
+    """A figure with its interval; "—" for none, or for a figure that is not a finite number (a
+    cost an agent reported as NaN)."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return form.format(value)
     return f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
 

@@ -6,11 +6,13 @@ static/js/compare.js hands them to Plotly.newPlot. The tests validate them with 
 Plotly renders a subset of HTML in text, so every label is HTML-escaped first.
 """
 
+import math
 import re
 from html import escape
 from typing import Any
 
 from runs_app.analysis.stats.comparison import ArmSummary, Comparison
+from runs_app.analysis.stats.records import finite
 
 BASELINE_COLOUR = "#6a7380"
 ARM_COLOUR = "#2b5fd9"
@@ -96,11 +98,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
 def pareto_front(arms: list[ArmSummary]) -> list[ArmSummary]:
     """The arms no other arm beats on both pass rate and cost per trial (as high a rate for no
     more cost, one of them strictly), cheapest first: the choices worth making."""
-    known = [
-        (arm.mean_cost, arm.pass_rate, arm)
-        for arm in arms
-        if arm.pass_rate is not None and arm.mean_cost is not None
-    ]
+    known = [(float(arm.mean_cost or 0.0), float(arm.pass_rate or 0.0), arm) for arm in arms if _costed(arm)]
     front = [
         (cost, rate, arm)
         for cost, rate, arm in known
@@ -112,11 +110,16 @@ def pareto_front(arms: list[ArmSummary]) -> list[ArmSummary]:
     return [arm for _, _, arm in sorted(front, key=lambda item: (item[0], -item[1]))]
 
 
+def _costed(arm: ArmSummary) -> bool:
+    """An arm with a rate and a known cost (not NaN: an agent may report one)."""
+    return arm.pass_rate is not None and arm.mean_cost is not None and math.isfinite(arm.mean_cost)
+
+
 def cost_figure(comparison: Comparison) -> dict[str, Any]:
     """Pass rate against cost per trial, one point per arm (per run and variant across runs),
     both with their 95% intervals, and the Pareto frontier: the arms no other beats on both.
     Dominated arms are hollow."""
-    arms = [arm for arm in comparison.arms if arm.pass_rate is not None and arm.mean_cost is not None]
+    arms = [arm for arm in comparison.arms if _costed(arm)]
     front = pareto_front(arms)
     on_front = {arm.key for arm in front}
     points = {
@@ -158,11 +161,12 @@ def cost_figure(comparison: Comparison) -> dict[str, Any]:
 
 
 def figures(comparison: Comparison) -> dict[str, dict[str, Any]]:
-    """Every chart of the comparison page, by element id."""
+    """Every chart of the comparison page, by element id; a number that is not finite (a NaN
+    cost) becomes null, which Plotly leaves out and JSON can hold."""
     charts = {"chart-pass-rate": pass_rate_figure(comparison), "chart-cost": cost_figure(comparison)}
     if len(comparison.arms) > 1:
         charts["chart-forest"] = forest_figure(comparison)
-    return charts
+    return {name: finite(figure) for name, figure in charts.items()}
 
 
 def _error_bars(arms: list[ArmSummary], value: str, low: str, high: str) -> dict[str, Any]:
