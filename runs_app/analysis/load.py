@@ -79,6 +79,7 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
         digests=digests,
         default_baseline=_default_baseline(runs, arms, variants),
         criteria=found,
+        missing_baseline=_missing_baseline(runs, arms),
     )
 
 
@@ -135,6 +136,15 @@ def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, 
         slug = variants[first.experiment.baseline_id]["slug"]
     matches = [arm.key for arm in arms if arm.run_id == first.pk and arm.variant_slug == slug]
     return matches[0] if matches else arms[0].key
+
+
+def _missing_baseline(runs: Sequence[Run], arms: list[Arm]) -> str:
+    """The baseline the first run was launched with, when it has no trial to compare with."""
+    if not runs:
+        return ""
+    slug = (runs[0].config or {}).get("baseline")
+    present = any(arm.run_id == runs[0].pk and arm.variant_slug == slug for arm in arms)
+    return slug if slug and not present else ""
 
 
 # --- loading and comparing ------------------------------------------------------------------------
@@ -197,7 +207,9 @@ def _facts(summary: Comparison, suites: list[dict]) -> RunFacts:
             low=summary.overall.low,
             high=summary.overall.high,
         )
-    return RunFacts(facts, summary.baseline or None, list(suites), overall, summary.method)
+    return RunFacts(
+        facts, summary.baseline or None, list(suites), overall, summary.method, summary.baseline_problem
+    )
 
 
 def _variant_facts(arm) -> VariantFacts:

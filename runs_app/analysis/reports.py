@@ -47,6 +47,7 @@ def build_report(run: Run, *, figures: bool = False, unsuccessful: int | None = 
     report = {
         "run": _run_info(run),
         "baseline": summary.baseline or None,
+        "baseline_problem": summary.baseline_problem or None,
         "repeats": summary.repeats,
         "method": summary.method,
         "variants": [_variant_row(arm, summary) for arm in summary.arms],
@@ -223,6 +224,8 @@ def render_text_table(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    if report.get("baseline_problem"):
+        lines.append(report["baseline_problem"])
     if report.get("method"):
         lines.append(report["method"] + ".")
     return "\n".join(line.rstrip() for line in lines)

@@ -25,7 +25,7 @@ from evalsite.keyed_locks import KeyedLocks
 from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app import control, live
 from runs_app.models import Run, Trial
-from runs_app.web.presenters import run_progress_numbers, variant_rows
+from runs_app.web.presenters import baseline_problem, run_progress_numbers, variant_rows
 from runs_app.web.workers import worker_health
 
 PARTS = ("progress", "variants", "trials")
@@ -100,6 +100,7 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "error_groups": control.error_groups(run) if run.n_error else [],
         "workers": worker_health(run, now or timezone.now()),
         "variant_rows": variant_rows(run),
+        "baseline_problem": baseline_problem(run),
         "anytime_margin": NON_INFERIORITY_MARGIN,
         "trials": trials,
         "has_more": has_more,

@@ -118,6 +118,13 @@ def variant_rows(run: Run) -> list[VariantRow]:
     return rows
 
 
+def baseline_problem(run: Run) -> str:
+    """Why the run page compares no variant with the baseline (the comparison's words), or ""."""
+    if not run.n_trials:
+        return ""
+    return comparison([run], criteria=False).baseline_problem
+
+
 def run_progress_numbers(run: Run, now: datetime) -> dict:
     """Percentages for the progress bar, elapsed time and a linear ETA."""
     total = run.n_trials

@@ -77,7 +77,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
         "hovertemplate": "%{y}<br>Δ %{x:+.1%} [%{customdata[0]:+.1%}, %{customdata[1]:+.1%}]"
         "<br>Holm p %{customdata[2]}<extra></extra>",
     }
-    baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
+    baseline = escape(comparison.baseline_label)
     layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
     layout["xaxis"] = {"tickformat": "+.0%", "zeroline": False, "title": {"text": "Δ pass rate"}}
     layout["yaxis"] = {"automargin": True}  # room for long variant names

@@ -71,6 +71,7 @@ def compare(
     if cluster not in CLUSTERINGS:
         raise ValueError(f"unknown clustering {cluster!r}: choose one of {', '.join(CLUSTERINGS)}")
     keys = [arm.key for arm in data.arms]
+    missing = "" if baseline else data.missing_baseline
     baseline = baseline or data.default_baseline
     if data.arms and baseline not in keys:
         raise ValueError(f"unknown baseline {baseline!r}: choose one of {', '.join(keys)}")
@@ -83,9 +84,12 @@ def compare(
     columns = [_Column.of([row[i] for row in matrix]) for i in range(len(keys))]
     arms = [_summary(arm, columns[i], units, clusters, confidence) for i, arm in enumerate(data.arms)]
     draws = max(inference.DRAWS, math.ceil(20 * max(1, len(arms) - 1) / alpha))
+    problem = notes.baseline_problem(data, missing, arms[base] if arms else None)
+    if missing:
+        baseline, base = missing, -1  # no arm is the baseline: none is compared with another
     for i, arm in enumerate(arms):
         arm.is_baseline = i == base
-        if i != base:
+        if i != base and not problem:
             untested = notes.untested_reason(data, data.arms[base], data.arms[i], units)
             arm.versus = _versus(
                 units, clusters, columns[base], columns[i], confidence, alpha, final, untested, draws, seed
@@ -107,6 +111,7 @@ def compare(
         by_tag=_by_tag(units, clusters, columns, confidence),
         by_criterion=_by_criterion(data, units, clusters, keys, confidence),
         warnings=[],
+        baseline_problem=problem,
         overall=inference.rate_interval(
             [
                 (sum(c.graded[j][0] for c in columns), sum(c.graded[j][1] for c in columns))

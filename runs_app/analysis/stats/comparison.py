@@ -147,6 +147,9 @@ class ComparisonData:
     default_baseline: str | None
     # (arm key, criterion label) -> {(task id, row): (passes, n)}
     criteria: dict[tuple[str, str], dict[tuple[int, str], PassCount]] = field(default_factory=dict)
+    # The baseline the run was launched with, when it has no trial here (`default_baseline` is
+    # then another arm, which the comparison must not silently compare against).
+    missing_baseline: str = ""
 
     @property
     def tags(self) -> list[str]:
@@ -323,10 +326,18 @@ class Comparison:
     by_criterion: list[BreakdownRow]
     warnings: list[str]
     overall: Interval | None = None  # every arm's trials of a unit together
+    # Why no arm is compared with the baseline ("" when they are): it has no trial, or none
+    # graded. Said on every page and output instead of numbers against another arm.
+    baseline_problem: str = ""
 
     @property
-    def baseline_arm(self) -> ArmSummary:
-        return next(arm for arm in self.arms if arm.key == self.baseline)
+    def baseline_arm(self) -> ArmSummary | None:
+        return next((arm for arm in self.arms if arm.key == self.baseline and arm.is_baseline), None)
+
+    @property
+    def baseline_label(self) -> str:
+        arm = self.baseline_arm
+        return arm.label if arm else self.baseline
 
     @property
     def others(self) -> list[ArmSummary]:

@@ -71,6 +71,7 @@ class RunFacts:
     suites: list[dict] = field(default_factory=list)  # Run.suite_results
     overall: VariantFacts | None = None  # every variant's units together
     method: str = ""  # how the intervals were computed, named in the details
+    baseline_problem: str = ""  # why nothing is compared with the baseline (`Comparison`)
     # The same facts under another clustering, for gates that name one (`cluster: task`).
     clustered: dict[str, RunFacts] = field(default_factory=dict)
 
@@ -221,6 +222,8 @@ def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, 
     targets = _targets(gate, facts)
     if isinstance(targets, str):
         return name, False, targets
+    if facts.baseline_problem:
+        return name, False, facts.baseline_problem
     others = [v for v in targets if v.slug != facts.baseline]
     if not others:
         return name, False, "only the baseline ran: there is no variant to judge"

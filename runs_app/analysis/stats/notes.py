@@ -84,8 +84,34 @@ def anytime_words(arm: ArmSummary, baseline: str, confidence: float) -> str:
     return text
 
 
+def baseline_problem(data: ComparisonData, missing: str, baseline: ArmSummary | None) -> str:
+    """Why nothing can be compared with the baseline: it has no trial in the runs compared, or
+    none of its trials was graded. "" when it can be."""
+    run = data.runs[0].pk if data.runs else None
+    if missing:
+        return (
+            f"The baseline, {missing}, has no trial in run #{run}: no variant is compared with it, and "
+            "none with another in its place. Choose a baseline in the form above, or run it."
+        )
+    if baseline is None or baseline.units:
+        return ""
+    ended = [
+        f"{count} {what}"
+        for count, what in (
+            (baseline.infra_errors, "ended in infrastructure errors"),
+            (baseline.cancelled, "cancelled"),
+            (baseline.pending, "not finished"),
+        )
+        if count
+    ]
+    return (
+        f"The baseline, {baseline.label}, has no graded trial ({', '.join(ended) or 'no trial'}): no Δ "
+        "can be computed against it. Retry its errors or finish it, or choose another baseline."
+    )
+
+
 def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> list[str]:
-    notes = []
+    notes = [result.baseline_problem] if result.baseline_problem else []
     for run in data.runs:
         if not run.is_final:
             notes.append(

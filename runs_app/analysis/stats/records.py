@@ -37,6 +37,7 @@ def comparison_record(comparison: Comparison) -> dict[str, Any]:
                 for run in comparison.runs
             ],
             "baseline": comparison.baseline or None,
+            "baseline_problem": comparison.baseline_problem or None,
             "tags": comparison.tags,
             "cluster": comparison.cluster,
             "method": comparison.method,
@@ -117,8 +118,7 @@ def arm_record(arm: ArmSummary, comparison: Comparison) -> dict[str, Any]:
         "not_comparable": arm.not_comparable,
     }
     record.update(_versus_fields(arm.versus))
-    baseline = comparison.baseline_arm.label if comparison.arms else ""
-    record["anytime"] = notes.anytime_words(arm, baseline, comparison.confidence)
+    record["anytime"] = notes.anytime_words(arm, comparison.baseline_label, comparison.confidence)
     return record
 
 

@@ -445,7 +445,7 @@ class _Decisions:
         for arm in summary.others:
             decided = arm.versus.decided if arm.versus else ""
             if decided != self.seen.get(arm.key, ""):
-                words = notes.anytime_words(arm, summary.baseline_arm.label, summary.confidence)
+                words = notes.anytime_words(arm, summary.baseline_label, summary.confidence)
                 self.progress.note(f"anytime-valid: {words}")
             self.seen[arm.key] = decided
 
