@@ -23,7 +23,7 @@ from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
 from runs_app.analysis.stats.compare import compare
 from runs_app.analysis.stats.comparison import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit
-from runs_app.analysis.stats.gates import RunFacts, VariantFacts, VersusFacts
+from runs_app.analysis.stats.gates import RunFacts, facts_of
 from runs_app.models import Run, UnitTally
 
 # --- loading ---------------------------------------------------------------------------------
@@ -188,57 +188,9 @@ def run_facts(run: Run, suites: list[dict], clusterings: set[str] = frozenset())
     is pending, just before the run is marked final."""
     data = load([run])
     clustered = {
-        cluster: _facts(compare(data, final=True, cluster=cluster), suites) for cluster in clusterings
+        cluster: facts_of(compare(data, final=True, cluster=cluster), suites) for cluster in clusterings
     }
-    return dataclasses.replace(_facts(compare(data, final=True), suites), clustered=clustered)
-
-
-def _facts(summary: Comparison, suites: list[dict]) -> RunFacts:
-    facts = [_variant_facts(arm) for arm in summary.arms]
-    overall = None
-    if summary.overall is not None:
-        overall = VariantFacts(
-            "overall",
-            passed=sum(arm.passed for arm in summary.arms),
-            failed=sum(arm.failed for arm in summary.arms),
-            errors=sum(arm.errors for arm in summary.arms),
-            agent_errors=sum(arm.agent_errors for arm in summary.arms),
-            rate=summary.overall.estimate,
-            low=summary.overall.low,
-            high=summary.overall.high,
-        )
-    return RunFacts(
-        facts, summary.baseline or None, list(suites), overall, summary.method, summary.baseline_problem
-    )
-
-
-def _variant_facts(arm) -> VariantFacts:
-    versus = arm.versus
-    return VariantFacts(
-        arm.key,
-        passed=arm.passed,
-        failed=arm.failed,
-        errors=arm.errors,
-        agent_errors=arm.agent_errors,
-        rate=arm.pass_rate,
-        low=arm.low,
-        high=arm.high,
-        low_if_errors_fail=arm.rate_if_errors_fail_low,
-        versus=VersusFacts(
-            clusters=versus.clusters,
-            baseline_rate=versus.baseline_rate,
-            arm_rate=versus.arm_rate,
-            delta=versus.delta,
-            low=versus.low,
-            high=versus.high,
-            p_holm=versus.p_holm,
-            untested=versus.untested,
-            low_if_errors_fail=versus.delta_if_errors_fail_low,
-            detectable=versus.mde,
-        )
-        if versus
-        else None,
-    )
+    return dataclasses.replace(facts_of(compare(data, final=True), suites), clustered=clustered)
 
 
 def variant_rates(run_ids: Sequence[int]) -> dict[int, list[tuple[str, float | None, int]]]:

@@ -349,7 +349,8 @@ def _versus(
     if not versus.untested:
         versus.p_value = delta.p_value
         draws_text = "exact" if delta.exact else f"{draws:,} draws"
-        versus.test = f"sign-flip ({draws_text}), floored by the number of clusters"
+        guard = ", bootstrap-t skew guard" if delta.clusters > inference.ENUMERATED_CLUSTERS else ""
+        versus.test = f"sign-flip ({draws_text}), floored by the number of clusters{guard}"
     finished = [
         (
             min(b.first_trial_id or 0, a.first_trial_id or 0),

@@ -360,5 +360,5 @@ def method_text(cluster: str, confidence: float) -> str:
     return (
         f"{round(confidence * 100)}% cluster-robust t interval ({CLUSTERINGS.get(cluster, cluster)}; "
         "floored by Wilson near 0% and 100%); Δ: the sign-flip permutation test inverted, floored by "
-        "the number of clusters, Holm-adjusted"
+        "the number of clusters and guarded against skew by the bootstrap-t, Holm-adjusted"
     )

@@ -21,6 +21,7 @@ from experiments_app.specs import (
     NoRegressionGate,
     SuiteThresholdsGate,
 )
+from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 from runs_app.analysis.stats.tally import Tally
 
 _GATE_LIST = TypeAdapter(list[Gate])
@@ -77,6 +78,55 @@ class RunFacts:
 
     def under(self, cluster: str) -> RunFacts:
         return self.clustered.get(cluster, self)
+
+
+def facts_of(summary: Comparison, suites: list[dict]) -> RunFacts:
+    """What the gates judge of a comparison (`analysis.load.run_facts` gives it a run's)."""
+    facts = [_variant_facts(arm) for arm in summary.arms]
+    overall = None
+    if summary.overall is not None:
+        overall = VariantFacts(
+            "overall",
+            passed=sum(arm.passed for arm in summary.arms),
+            failed=sum(arm.failed for arm in summary.arms),
+            errors=sum(arm.errors for arm in summary.arms),
+            agent_errors=sum(arm.agent_errors for arm in summary.arms),
+            rate=summary.overall.estimate,
+            low=summary.overall.low,
+            high=summary.overall.high,
+        )
+    return RunFacts(
+        facts, summary.baseline or None, list(suites), overall, summary.method, summary.baseline_problem
+    )
+
+
+def _variant_facts(arm: ArmSummary) -> VariantFacts:
+    versus = arm.versus
+    return VariantFacts(
+        arm.key,
+        passed=arm.passed,
+        failed=arm.failed,
+        errors=arm.errors,
+        agent_errors=arm.agent_errors,
+        rate=arm.pass_rate,
+        low=arm.low,
+        high=arm.high,
+        low_if_errors_fail=arm.rate_if_errors_fail_low,
+        versus=VersusFacts(
+            clusters=versus.clusters,
+            baseline_rate=versus.baseline_rate,
+            arm_rate=versus.arm_rate,
+            delta=versus.delta,
+            low=versus.low,
+            high=versus.high,
+            p_holm=versus.p_holm,
+            untested=versus.untested,
+            low_if_errors_fail=versus.delta_if_errors_fail_low,
+            detectable=versus.mde,
+        )
+        if versus
+        else None,
+    )
 
 
 def validate_gates(gates: list[Any]) -> list[dict]:

@@ -28,8 +28,10 @@ class Design:
     shift: float = 0.0  # the variant's log-odds change on every task
     error_share: float = 0.0  # of the variant's failed trials that end as infrastructure errors
     # A sparse effect: the variant fixes this share of the failing tasks (p < 1/2 becomes 1 - p),
-    # leaving every other task as it was.
+    # leaving every other task as it was; or breaks this share of the passing ones (p > 1/2
+    # becomes 1 - p): a regression on a few tasks.
     fixes: float = 0.0
+    breaks: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,17 @@ def true_values(design: Design, seed: int = 12345) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     p = rng.beta(design.a, design.b, 400_000)
     fixed = rng.random(len(p)) < design.fixes
-    return design.a / (design.a + design.b), float((_variant(p, design.shift, fixed) - p).mean())
+    broken = rng.random(len(p)) < design.breaks
+    return design.a / (design.a + design.b), float((_variant(p, design.shift, fixed, broken) - p).mean())
 
 
 def draw(design: Design, rng: np.random.Generator) -> tuple[list, list]:
     """One replicate: per task, (passes, graded) of the baseline and of the variant."""
     p = rng.beta(design.a, design.b, design.clusters)
     fixed = rng.random(design.clusters) < design.fixes
+    broken = rng.random(design.clusters) < design.breaks
     base = rng.binomial(design.repeats, p)
-    passes = rng.binomial(design.repeats, _variant(p, design.shift, fixed))
+    passes = rng.binomial(design.repeats, _variant(p, design.shift, fixed, broken))
     fails = design.repeats - passes
     errors = rng.binomial(fails, design.error_share) if design.error_share else np.zeros_like(fails)
     baseline = [(int(k), design.repeats) for k in base]
@@ -152,6 +156,55 @@ def planned_data(
     )
 
 
+def gate_passes(design: Design, gate: dict, replicates: int, *, seed: int = 0) -> float:
+    """The share of simulated finished runs of `design` in which `gate` passes, judged as a run's
+    gates are: through compare() and the gates (`gates.facts_of`, `gates.evaluate_gates`)."""
+    from runs_app.analysis.stats import compare, gates
+
+    specs = gates.validate_gates([gate])
+    rng = np.random.default_rng(seed)
+    passed = 0
+    for _ in range(replicates):
+        summary = compare.compare(comparison_data(design, rng), final=True)
+        (result,) = gates.evaluate_gates(specs, gates.facts_of(summary, []))
+        passed += result["passed"]
+    return passed / replicates
+
+
+def stopping_claims(
+    design: Design, replicates: int, *, seed: int = 0, margin: float | None = None
+) -> tuple[float, float]:
+    """Optional stopping: a team watches a run's units finish one by one and stops on the first
+    claim. Returns the share of runs with a claim (a) by the anytime-valid interval of Δ
+    (`inference.confidence_sequence` and `compare.decision`, as compare() computes them for the
+    run page), and (b) by a fixed-sample 95% t interval looked at after every unit from the
+    tenth on (what a team must not do). The claim is "better" or "worse" (with no `margin`: the
+    false positives when the arms are the same), or "not worse" or "better" by `margin` (with
+    one: false when the variant is worse by at least that). The anytime-valid interval is the
+    running intersection, so the one computed over all the units holds every claim a look could
+    have made."""
+    from runs_app.analysis.stats import compare
+
+    rng = np.random.default_rng(seed)
+    anytime = fixed = 0
+    for _ in range(replicates):
+        baseline, variant = draw(design, rng)
+        values = np.array([pa / na - pb / nb for (pb, nb), (pa, na) in zip(baseline, variant, strict=True)])
+        decided = compare.decision(*inference.confidence_sequence(list(values)), margin or 0.0)
+        n = np.arange(1, len(values) + 1)
+        mean = np.cumsum(values) / n
+        variance = (np.cumsum(values**2) - n * mean**2) / np.maximum(n - 1, 1)
+        half = 1.96 * np.sqrt(np.maximum(variance, 0) / n)
+        looks = slice(9, None)
+        if margin is None:
+            anytime += decided in ("better", "worse")
+            fixed += bool(np.any(np.abs(mean[looks]) > half[looks]))
+        else:
+            anytime += decided in ("better", "not worse")
+            fixed += bool(np.any(mean[looks] - half[looks] > -margin))
+    return anytime / replicates, fixed / replicates
+
+
 class _FinishedRun:
     pk = 1
     status = "finished"
@@ -160,9 +213,13 @@ class _FinishedRun:
     is_final = True
 
 
-def _variant(p: np.ndarray, shift: float, fixed: np.ndarray | None = None) -> np.ndarray:
+def _variant(
+    p: np.ndarray, shift: float, fixed: np.ndarray | None = None, broken: np.ndarray | None = None
+) -> np.ndarray:
     if shift:
         p = expit(logit(np.clip(p, 1e-12, 1 - 1e-12)) + shift)
     if fixed is not None and fixed.any():
         p = np.where(fixed & (p < 0.5), 1 - p, p)
+    if broken is not None and broken.any():
+        p = np.where(broken & (p > 0.5), 1 - p, p)
     return p
