@@ -3,7 +3,7 @@
 
 Authentication is a personal token only (`Authorization: Bearer <token>`, `runs_app.tokens`):
 no session, so browser cookies never authorise an API call and CSRF does not apply. Who may
-cancel or retry is `control.ensure_controllable`'s rule. A comparison is `Comparison.to_dict()`,
+cancel or retry is `control.ensure_controllable`'s rule. A comparison is `records.comparison_record`,
 the one serialisation the comparison page's JSON download uses too. Every error is JSON,
 `{"detail": message, "field": name or null}`, with a 4xx status.
 """
@@ -31,6 +31,7 @@ from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control, preflight
 from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs, comparison, loaded
+from runs_app.analysis.stats import records
 from runs_app.analysis.stats.comparison import CLUSTERINGS
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
 from runs_app.models import Run, Trial
@@ -276,7 +277,7 @@ class CountsOut(Schema):
     running: int
     passed: int
     failed: int
-    error: int
+    errors: int
     cancelled: int
 
 
@@ -326,9 +327,9 @@ class TrialOut(Schema):
     output_tokens: int
     cache_read_tokens: int
     cache_creation_tokens: int
-    cost_usd: float
-    answerer_cost_usd: float
-    judge_cost_usd: float
+    cost_usd: float | None  # None: not a finite number (docs/schema.md)
+    answerer_cost_usd: float | None
+    judge_cost_usd: float | None
     turns: int
     timed_out: bool
     budget_exceeded: str
@@ -645,12 +646,13 @@ def _moment(value: datetime | date, end_of_day: bool = False, field: str = "unti
 
 
 def _comparison(runs: list[Run], query: ComparisonQuery) -> dict:
-    """The comparison of `runs` as its page's JSON download gives it (`Comparison.to_dict`)."""
+    """The comparison of `runs` as its page's JSON download gives it (`records.comparison_record`)."""
     data = loaded(runs)
     if query.baseline and query.baseline not in {arm.key for arm in data.arms}:
         keys = ", ".join(arm.key for arm in data.arms) or "none: nothing has run yet"
         raise ApiError(400, f"no arm {query.baseline!r} (arms: {keys})", "baseline")
-    return comparison(runs, baseline=query.baseline, tags=list(query.tag), cluster=query.cluster).to_dict()
+    found = comparison(runs, baseline=query.baseline, tags=list(query.tag), cluster=query.cluster)
+    return records.comparison_record(found)
 
 
 def _get_run(run_id: int) -> Run:
@@ -685,11 +687,7 @@ def _run_item(run: Run) -> dict:
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
-        "counts": {
-            "trials": run.n_trials,
-            "done": run.n_done,
-            **{name: getattr(run, f"n_{name}") for name in Trial.Status.values},
-        },
+        "counts": exports.run_counts(run),
         "gates_passed": run.gates_passed,
         "url": run.get_absolute_url(),
         "comparison_url": reverse("api:run_comparison", args=[run.pk]),
@@ -709,11 +707,7 @@ def _run_out(run: Run) -> dict:
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "overrides": run.overrides,
-        "counts": {
-            "trials": run.n_trials,
-            "done": run.n_done,
-            **{name: getattr(run, f"n_{name}") for name in Trial.Status.values},
-        },
+        "counts": exports.run_counts(run),
         "gates": {"passed": run.gates_passed, "gates": run.gates, "results": run.gate_results},
         "summary": run_summary(run),
         "url": run.get_absolute_url(),
@@ -722,9 +716,10 @@ def _run_out(run: Run) -> dict:
 
 
 def run_summary(run: Run) -> dict:
-    """The comparison page's summary: per variant (arm) counts, pass rate with its 95% interval
-    (errors apart), mean score, tokens, cost; each arm against the baseline; warnings."""
-    return compare_runs([run]).to_dict()
+    """The comparison page's summary in its one shape (`stats.records`, docs/schema.md): per
+    variant (arm) counts, pass rate with its 95% interval (errors apart), mean score, tokens,
+    cost; each arm against the baseline; warnings."""
+    return records.comparison_record(compare_runs([run]))
 
 
 def _trials_of(run: Run, query: TrialQuery):

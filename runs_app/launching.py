@@ -67,6 +67,16 @@ class LaunchOptions:
     variants: list[str] | None = None  # only these variants (e.g. leaving out one pre-flight refused)
 
 
+def _in_random_unit_order(trials: list[Trial], seed: int) -> list[Trial]:
+    """The trials with their units (task, dataset row) in a seeded random order: trials are sent
+    in creation order (replicate by replicate), so the units a live run has finished are a random
+    sample of its units, which its anytime-valid intervals assume (`inference.confidence_sequence`)."""
+    units = list(dict.fromkeys((trial.task_version_id, trial.dataset_row_id) for trial in trials))
+    random.Random(seed).shuffle(units)
+    rank = {unit: index for index, unit in enumerate(units)}
+    return sorted(trials, key=lambda trial: rank[(trial.task_version_id, trial.dataset_row_id)])
+
+
 def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | None = None) -> Run:
     """Create a run with all its trials (queued) and dispatch it once committed."""
     options = options or LaunchOptions()
@@ -78,6 +88,7 @@ def launch_run(experiment: Experiment, *, user=None, options: LaunchOptions | No
              "agent or hand agents secrets through launch options"]
         )  # fmt: skip
     versions, variants, trials = _resolved_trials(experiment, options, seed)
+    trials = _in_random_unit_order(trials, seed)
     config = _frozen_config(experiment, variants, versions, options, seed)
     boxed = sorted({t.task_version.task.slug for t in trials if hosts.runs_in_container(t.config)})
     if boxed:
@@ -208,8 +219,8 @@ def rerun_options(run: Run) -> LaunchOptions:
 
 def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> planning.Plan:
     """What a run of `experiment` with `options` could detect: its units (tasks × dataset rows,
-    as a launch would select them) and repeats, with the variance of its latest finished run
-    when there is one."""
+    as a launch would select them), repeats and variants against the baseline (Holm over them),
+    with the rate and variance of its latest finished run when there is one."""
     options = options or LaunchOptions()
     seed = options.seed if options.seed is not None else 0
     versions = _selected_versions(experiment, options, seed)
@@ -220,7 +231,7 @@ def run_plan(experiment: Experiment, options: LaunchOptions | None = None) -> pl
     pilot = experiment.runs.filter(status=Run.Status.FINISHED).order_by("-finished_at", "-pk").first()
     if pilot is not None:
         model = planning.pilot_model(load([pilot]), None, f"from run #{pilot.pk}") or model
-    return planning.plan(units, repeats, model)
+    return planning.plan(units, repeats, model, compared=max(1, len(variants) - 1))
 
 
 def _override_layer(options: LaunchOptions) -> dict:

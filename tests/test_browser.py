@@ -234,3 +234,76 @@ def test_a_team_sets_up_in_one_pass_watches_failures_explained_resumes_and_compa
         page.screenshot(path=ARTIFACTS / "compare-picked.png", full_page=True)
     finally:
         worker.kill()
+
+
+def test_every_surface_shows_one_pass_rate_per_variant(page, live_server, member):
+    """One run with an agent's errors (crash: a fail), infrastructure errors (left out) and a
+    dataset task: home, the run list, the experiment pages, the run page, the comparison, the
+    API, the report and evalrun's summary all show the comparison's rate of each variant."""
+    import io
+
+    from django.core.management import call_command
+
+    from runs_app.analysis import reports
+    from runs_app.analysis.load import compare_runs
+    from runs_app.tests.analysis.test_comparison import make_experiment, make_run
+    from runs_app.tests.web.test_same_numbers import CATEGORIES, OUTCOMES, ROWS
+    from runs_app.tokens import create_token
+    from runs_app.web import presenters
+
+    experiment = make_experiment("one-figure")
+    run = make_run(experiment, OUTCOMES, baseline="base", dataset_row_id=ROWS, error_category=CATEGORIES)
+    summary = compare_runs([run])
+    assert {arm.key: (arm.agent_errors, arm.infra_errors) for arm in summary.arms} == {
+        "base": (0, 1),
+        "new": (1, 1),
+    }
+    expected = {arm.key: f"{arm.pass_rate * 100:.1f}%" for arm in summary.arms}
+    presenters.LISTS.clear()  # kept a second: the login's landing page read them before this run
+    assert len(set(expected.values())) == 2  # the variants differ, so a swap would show
+
+    def listed(url: str) -> dict[str, str]:
+        page.goto(live_server.url + url)
+        return {
+            key: page.locator(f'[data-run="{run.pk}"][data-variant="{key}"] .rate').first.inner_text()
+            for key in expected
+        }
+
+    for url in ("/", reverse("run_list"), reverse("experiment_list"), experiment.get_absolute_url()):
+        assert listed(url) == expected, url
+    page.goto(live_server.url + run.get_absolute_url())
+    shown = {
+        key: page.locator(f'#run-variants tr[data-variant="{key}"] .rate').inner_text() for key in expected
+    }
+    assert shown == expected
+    page.goto(live_server.url + reverse("run_compare", args=[run.pk]))
+    shown = {
+        key: page.locator(f'table.summary tr[data-arm="{key}"] td.rate').inner_text() for key in expected
+    }
+    assert shown == expected
+    page.screenshot(path=ARTIFACTS / "one-figure-compare.png", full_page=True)
+
+    token = create_token(member, "browser")[1]
+    api = page.request.get(
+        f"{live_server.url}/api/runs/{run.pk}", headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert {arm["arm"]: f"{arm['pass_rate'] * 100:.1f}%" for arm in api["summary"]["arms"]} == expected
+
+    report = reports.build_report(run, figures=True)
+    # The report is a file a person opens on its own, outside the site (and its CSP).
+    path = ARTIFACTS / "one-figure-report.html"
+    path.write_text(reports.render_html(report))
+    opened = page.context.browser.new_page()
+    opened.goto(path.as_uri())
+    table = opened.locator("table").first.inner_text()
+    opened.close()
+    for key, figure in expected.items():
+        assert f"{key}{' (baseline)' if key == 'base' else ''}" in table and f"\t{figure} [" in table
+    assert {row["arm"]: f"{row['pass_rate'] * 100:.1f}%" for row in report["variants"]} == expected
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit):  # exit 1: trials failed
+        call_command("evalrun", "--resume", str(run.pk), stdout=out)
+    rows = [line.split() for line in out.getvalue().splitlines() if line.split()[:1] in (["base"], ["new"])]
+    printed = {row[0]: next(cell for cell in row if cell.endswith("%")) for row in rows}
+    assert printed == expected, out.getvalue()

@@ -11,6 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The regression `no_regression` tolerates by default, and the margin a live run's anytime-valid
+# interval is read against ("not worse"): 5 pp, the smallest regression a team acts on that
+# suites of a few dozen tasks can show.
+NON_INFERIORITY_MARGIN = 0.05
+
 
 class GateModel(BaseModel):
     """Base of the gate specs. Unlike other specs, unknown keys are errors: a mistyped gate key
@@ -46,17 +51,19 @@ class MinPassRateGate(GateModel):
 
 
 class NoRegressionGate(GateModel):
-    """No variant (or only `variant`) is worse than the baseline, on evidence.
-
-    Fails when a variant shares fewer than `min_clusters` graded clusters with the baseline
-    (too little evidence to say), when no valid test compares them, and then either when Δ is
-    negative with a Holm-adjusted p below `alpha`, or, with a `margin` (non-inferiority), when
-    the lower bound of Δ's interval is below -margin."""
+    """No variant (or only `variant`) is worse than the baseline by `margin` or more, on evidence:
+    a non-inferiority test. A variant passes when the lower bound of Δ's 95% interval (one-sided
+    2.5%) is at least -margin, with the infrastructure errors as measured and with every one a
+    fail. It fails when it shares fewer than `min_clusters` graded clusters with the baseline,
+    when no valid comparison exists, and when the bound is below -margin (saying when the design
+    could not detect the margin at all). The default margin, 5 pp, is the smallest regression a
+    team acts on that suites of a few dozen tasks can show."""
 
     type: Literal["no_regression"]
-    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    # The comparison's intervals are 95%: the one level the gate can judge at.
+    alpha: float = Field(default=0.05, ge=0.05, le=0.05)
     variant: str | None = None
-    margin: float | None = Field(default=None, gt=0.0, le=1.0)
+    margin: float = Field(default=NON_INFERIORITY_MARGIN, gt=0.0, le=1.0)
     min_clusters: int = Field(default=10, ge=2)
     cluster: Literal["unit", "task", "tag"] = "unit"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -53,6 +54,8 @@ _FIELDS = {
 # The columns that hold text (agent output among them): escaped against formulas.
 _TEXT_COLUMNS = ("variant", "task", "dataset_row_id", "host", "status", "budget_exceeded", "error_category",
                  "error_message", "config_fingerprint")  # fmt: skip
+# The columns that hold floats: NaN and infinity leave as None (empty in CSV).
+_FLOAT_COLUMNS = ("score", "duration_seconds", "cost_usd", "answerer_cost_usd", "judge_cost_usd")
 # `label` is Trial.label (task[row]#replicate); `url` the trial page's path.
 TRIAL_COLUMNS = [*_FIELDS, "label", "url"]
 # Characters that make a spreadsheet read a cell as a formula.
@@ -66,14 +69,35 @@ def _trial_url_template() -> str:
 
 
 def trial_rows(trials, chunk_size: int = 2000) -> Iterator[dict[str, Any]]:
-    """One flat dict per trial of the queryset, in its order, with the TRIAL_COLUMNS keys."""
+    """One flat dict per trial of the queryset, in its order, with the TRIAL_COLUMNS keys; a
+    number that is not finite (a NaN cost PostgreSQL kept from before costs were checked) is
+    None, as JSON needs."""
     url = _trial_url_template()
     for values in trials.values_list(*_FIELDS.values()).iterator(chunk_size=chunk_size):
         row = dict(zip(_FIELDS, values, strict=True))
+        for column in _FLOAT_COLUMNS:
+            value = row[column]
+            if value is not None and not math.isfinite(value):
+                row[column] = None
         suffix = f"[{row['dataset_row_id']}]" if row["dataset_row_id"] else ""
         row["label"] = f"{row['task']}{suffix}#{row['replicate']}"
         row["url"] = url.format(run=row["run"], id=row["id"])
         yield row
+
+
+def run_counts(run) -> dict[str, int]:
+    """A run's trials by outcome, as the API and the reports give them (the names of the
+    comparison's per-arm counts: `stats.records`)."""
+    return {
+        "trials": run.n_trials,
+        "done": run.n_done,
+        "queued": run.n_queued,
+        "running": run.n_running,
+        "passed": run.n_passed,
+        "failed": run.n_failed,
+        "errors": run.n_error,
+        "cancelled": run.n_cancelled,
+    }
 
 
 def csv_safe(value: Any) -> Any:
@@ -156,6 +180,12 @@ def _copy_columns() -> dict[str, Any]:
     url = _trial_url_template().replace("'", "''").format(run="' || {0} || '", id="' || {1} || '")
     label = "({0} || CASE WHEN coalesce({1}, '') <> '' THEN '[' || {1} || ']' ELSE '' END || '#' || {2})"
     columns: dict[str, Any] = {name: F(field) for name, field in _FIELDS.items()}
+    for name in _FLOAT_COLUMNS:  # as trial_rows: NaN and infinity empty
+        columns[name] = _Sql(
+            "CASE WHEN {0} IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN NULL "
+            "ELSE {0} END",
+            F(_FIELDS[name]),
+        )
     for name in _TEXT_COLUMNS:
         columns[name] = text(_FIELDS[name])
     columns["started_at"], columns["finished_at"] = moment("started_at"), moment("finished_at")

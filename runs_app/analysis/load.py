@@ -16,12 +16,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import Avg, Case, Count, F, FloatField, Q, When
+from django.db.models.functions import Cast
+
 from evalsite.keyed_locks import Recent
 from experiments_app.models import Quarantine, TaskVersion, Variant
 from runs_app.analysis import rollup
 from runs_app.analysis.stats.compare import compare
 from runs_app.analysis.stats.comparison import Arm, Cell, Comparison, ComparisonData, TaskInfo, Unit
-from runs_app.analysis.stats.gates import RunFacts, VariantFacts, VersusFacts
+from runs_app.analysis.stats.gates import RunFacts, facts_of
 from runs_app.models import Run, UnitTally
 
 # --- loading ---------------------------------------------------------------------------------
@@ -85,6 +88,7 @@ def load(runs: Sequence[Run], *, criteria: bool = True) -> ComparisonData:
             for variant_id, parts in (run.components or {}).items()
         },
         quarantined=quarantined,
+        missing_baseline=_missing_baseline(runs, arms),
     )
 
 
@@ -168,6 +172,15 @@ def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, 
     return matches[0] if matches else arms[0].key
 
 
+def _missing_baseline(runs: Sequence[Run], arms: list[Arm]) -> str:
+    """The baseline the first run was launched with, when it has no trial to compare with."""
+    if not runs:
+        return ""
+    slug = (runs[0].config or {}).get("baseline")
+    present = any(arm.run_id == runs[0].pk and arm.variant_slug == slug for arm in arms)
+    return slug if slug and not present else ""
+
+
 # --- loading and comparing ------------------------------------------------------------------------
 
 # A comparison is a pure function of the runs' tallies (and the tasks' tags, the experiment's
@@ -209,49 +222,33 @@ def run_facts(run: Run, suites: list[dict], clusterings: set[str] = frozenset())
     is pending, just before the run is marked final."""
     data = load([run])
     clustered = {
-        cluster: _facts(compare(data, final=True, cluster=cluster), suites) for cluster in clusterings
+        cluster: facts_of(compare(data, final=True, cluster=cluster), suites) for cluster in clusterings
     }
-    return dataclasses.replace(_facts(compare(data, final=True), suites), clustered=clustered)
+    return dataclasses.replace(facts_of(compare(data, final=True), suites), clustered=clustered)
 
 
-def _facts(summary: Comparison, suites: list[dict]) -> RunFacts:
-    facts = [_variant_facts(arm) for arm in summary.arms]
-    overall = None
-    if summary.overall is not None:
-        overall = VariantFacts(
-            "overall",
-            passed=sum(arm.passed for arm in summary.arms),
-            failed=sum(arm.failed for arm in summary.arms),
-            error=sum(arm.errors for arm in summary.arms),
-            agent_errors=sum(arm.agent_errors for arm in summary.arms),
-            rate=summary.overall.estimate,
-            low=summary.overall.low,
-            high=summary.overall.high,
+def variant_rates(run_ids: Sequence[int]) -> dict[int, list[tuple[str, float | None, int]]]:
+    """Each run's variants with the comparison's pass rate, for the lists (one query over the
+    tallies): the mean over units of each unit's passed / (passed + failed + agent errors),
+    the rule and the estimate of `compare` (`analysis.stats.tally`), never a rate pooled over
+    trials or variants. (variant, rate or None when no unit was graded, graded units)."""
+    graded_trials = F("passed") + F("failed") + F("agent_errors")
+    rows = (
+        UnitTally.objects.filter(run_id__in=list(run_ids))
+        .values("run_id", "variant__slug", "variant__position")
+        .annotate(
+            rate=Avg(
+                Case(
+                    When(Q(passed__gt=0) | Q(failed__gt=0) | Q(agent_errors__gt=0),
+                         then=Cast("passed", FloatField()) / Cast(graded_trials, FloatField())),
+                    output_field=FloatField(),
+                )
+            ),
+            units=Count("pk", filter=Q(passed__gt=0) | Q(failed__gt=0) | Q(agent_errors__gt=0)),
         )
-    return RunFacts(facts, summary.baseline or None, list(suites), overall, summary.method)
-
-
-def _variant_facts(arm) -> VariantFacts:
-    versus = arm.versus
-    return VariantFacts(
-        arm.key,
-        passed=arm.passed,
-        failed=arm.failed,
-        error=arm.errors,
-        agent_errors=arm.agent_errors,
-        rate=arm.pass_rate,
-        low=arm.low,
-        high=arm.high,
-        versus=VersusFacts(
-            clusters=versus.clusters,
-            baseline_rate=versus.baseline_rate,
-            arm_rate=versus.arm_rate,
-            delta=versus.delta,
-            low=versus.low,
-            high=versus.high,
-            p_adjusted=versus.p_holm,
-            untested=versus.untested,
-        )
-        if versus
-        else None,
-    )
+        .order_by("run_id", "variant__position", "variant__slug")
+    )  # fmt: skip
+    found: dict[int, list[tuple[str, float | None, int]]] = {run_id: [] for run_id in run_ids}
+    for row in rows:
+        found[row["run_id"]].append((row["variant__slug"], row["rate"], row["units"]))
+    return found

@@ -21,7 +21,7 @@ from django.template.loader import render_to_string
 
 from runs_app.analysis import exports
 from runs_app.analysis.load import compare_runs
-from runs_app.analysis.stats import charts
+from runs_app.analysis.stats import charts, records
 from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 from runs_app.models import CriterionResult, Run, Trial
 
@@ -47,6 +47,7 @@ def build_report(run: Run, *, figures: bool = False, unsuccessful: int | None = 
     report = {
         "run": _run_info(run),
         "baseline": summary.baseline or None,
+        "baseline_problem": summary.baseline_problem or None,
         "repeats": summary.repeats,
         "method": summary.method,
         "variants": [_variant_row(arm, summary) for arm in summary.arms],
@@ -66,51 +67,11 @@ def build_report(run: Run, *, figures: bool = False, unsuccessful: int | None = 
 
 
 def _variant_row(arm: ArmSummary, summary: Comparison) -> dict[str, Any]:
-    """One variant's line of the summary (the comparison's numbers); Δ against the baseline
-    when they share a graded unit, with both rates over those units; p once the run ended."""
+    """One variant's line: the comparison's record (`stats.records`: the same fields as the API
+    and the downloads) and the heat-map column, [passes, graded] per task."""
     index = summary.arms.index(arm)
-    versus = arm.versus
     return {
-        "variant": arm.key,
-        "trials": arm.trials,
-        "passed": arm.passed,
-        "failed": arm.failed,
-        "error": arm.errors,
-        "agent_errors": arm.agent_errors,
-        "cancelled": arm.cancelled,
-        "pending": arm.pending,
-        "units": arm.units,
-        "clusters": arm.clusters,
-        "pass_rate": arm.pass_rate,
-        "low": arm.low,
-        "high": arm.high,
-        "interval": arm.interval,
-        "pass_rate_if_errors_fail": arm.rate_if_errors_fail,
-        "mean_score": arm.mean_score,
-        "pass_at_k": arm.pass_at_k,
-        "pass_hat_k": arm.pass_hat_k,
-        "median_seconds": arm.median_duration,
-        "tokens": arm.tokens,
-        "cost_usd": arm.cost,
-        "cost_per_pass_usd": arm.cost_per_pass,
-        "answerer_cost_usd": arm.answerer_cost,
-        "judge_cost_usd": arm.judge_cost,
-        "flaky": arm.flaky,
-        "not_comparable": arm.not_comparable,
-        "paired_units": versus.units if versus else None,
-        "baseline_rate_paired": versus.baseline_rate if versus else None,
-        "rate_paired": versus.arm_rate if versus else None,
-        "delta": versus.delta if versus else None,
-        "delta_low": versus.low if versus else None,
-        "delta_high": versus.high if versus else None,
-        "detectable_delta": versus.mde if versus else None,
-        "test": versus.test if versus else None,
-        "p_value": versus.p_value if versus else None,
-        "p_adjusted": versus.p_holm if versus else None,
-        "untested_because": versus.untested if versus else None,
-        "regressed": [d.unit for d in versus.regressed] if versus else [],
-        "improved": [d.unit for d in versus.improved] if versus else [],
-        # The heat-map column: [passes, graded] per task.
+        **records.arm_record(arm, summary),
         "tasks": {
             row.task.slug: [row.cells[index].passed, row.cells[index].n]
             for row in summary.rows
@@ -136,15 +97,7 @@ def _run_info(run: Run) -> dict[str, Any]:
         "fingerprint": run.fingerprint,
         "seed": run.sample_seed,
         "overrides": list(run.overrides),
-        "counts": {
-            "trials": run.n_trials,
-            "passed": run.n_passed,
-            "failed": run.n_failed,
-            "error": run.n_error,
-            "cancelled": run.n_cancelled,
-            "queued": run.n_queued,
-            "running": run.n_running,
-        },
+        "counts": exports.run_counts(run),
     }
 
 
@@ -215,7 +168,12 @@ def render(report: dict[str, Any], fmt: str) -> str:
 
 
 def render_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=False, cls=DjangoJSONEncoder) + "\n"
+    # allow_nan=False: a number that is not finite must have become null (`records.finite`),
+    # never the `NaN` no JSON reader accepts.
+    return (
+        json.dumps(records.finite(report), indent=2, sort_keys=False, cls=DjangoJSONEncoder, allow_nan=False)
+        + "\n"
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -225,7 +183,7 @@ def _pct(value: float | None) -> str:
 def _rate_cell(row: dict) -> str:
     if row["pass_rate"] is None:
         return "–"
-    return f"{_pct(row['pass_rate'])} [{_pct(row['low'])}, {_pct(row['high'])}]"
+    return f"{_pct(row['pass_rate'])} [{_pct(row['pass_rate_low'])}, {_pct(row['pass_rate_high'])}]"
 
 
 def _delta_cell(row: dict) -> str:
@@ -240,7 +198,7 @@ def _delta_cell(row: dict) -> str:
 def _p_cell(row: dict) -> str:
     if row.get("delta") is None:
         return ""
-    return "not tested" if row.get("p_adjusted") is None else f"{row['p_adjusted']:.3g}"
+    return "not tested" if row.get("p_holm") is None else f"{row['p_holm']:.3g}"
 
 
 def summary_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -256,8 +214,8 @@ def summary_rows(report: dict[str, Any]) -> list[list[str]]:
     ]
     rows = [header]
     for row in report["variants"]:
-        name = row["variant"] + (" (baseline)" if row["variant"] == report["baseline"] else "")
-        counts = [str(row["passed"]), str(row["failed"]), str(row["error"])]
+        name = row["arm"] + (" (baseline)" if row["baseline"] else "")
+        counts = [str(row["passed"]), str(row["failed"]), str(row["errors"])]
         rows.append([name, *counts, _rate_cell(row), _delta_cell(row), _p_cell(row)])
     return rows
 
@@ -268,6 +226,8 @@ def render_text_table(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    if report.get("baseline_problem"):
+        lines.append(report["baseline_problem"])
     if report.get("method"):
         lines.append(report["method"] + ".")
     return "\n".join(line.rstrip() for line in lines)
@@ -291,7 +251,7 @@ def headline(report: dict[str, Any]) -> str:
     run, counts = report["run"], report["run"]["counts"]
     text = (
         f"Run {run['id']} of {run['experiment']} ({run['status']}): {counts['trials']} trials, "
-        f"{counts['passed']} passed, {counts['failed']} failed, {counts['error']} errors, "
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
         f"{counts['cancelled']} cancelled"
     )
     if report["gates"]:
@@ -429,7 +389,7 @@ def heatmap_figure(report: dict[str, Any]) -> dict:
     cells = [[column.get(task) for column in columns] for task in tasks]
     heatmap = {
         "type": "heatmap",
-        "x": [escape(row["variant"]) for row in report["variants"]],
+        "x": [escape(row["arm"]) for row in report["variants"]],
         "y": [escape(task) for task in tasks],
         "z": [[passes / n if n else None for passes, n in (c or (0, 0) for c in row)] for row in cells],
         "text": [[f"{c[0]}/{c[1]}" if c else "" for c in row] for row in cells],

@@ -36,6 +36,7 @@ from runs_app.engine.outcome import Outcome, TrialAborted
 from runs_app.engine.recording import Recorder, redact
 from runs_app.engine.sandbox import Phase, SandboxError, WorkspaceError, workspace
 from runs_app.engine.trial_sandbox import TrialSandbox
+from runs_app.engine.usage import stored_cost
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
 
 logger = logging.getLogger(__name__)
@@ -320,11 +321,11 @@ class TrialExecution:
             "output_tokens": usage.output_tokens,
             "cache_read_tokens": usage.cache_read_tokens,
             "cache_creation_tokens": usage.cache_creation_tokens,
-            "cost_usd": usage.cost_usd or 0.0,
+            "cost_usd": stored_cost(usage.cost_usd),
             "turns": usage.turns,
             "role_usage": role_usage,
-            "answerer_cost_usd": role_usage.get("answerer", {}).get("cost_usd", 0.0),
-            "judge_cost_usd": role_usage.get("judge", {}).get("cost_usd", 0.0),
+            "answerer_cost_usd": stored_cost(role_usage.get("answerer", {}).get("cost_usd")),
+            "judge_cost_usd": stored_cost(role_usage.get("judge", {}).get("cost_usd")),
             "error_category": outcome.error_category,
             "error_message": redact(outcome.error_message, secret_values),
             "timed_out": outcome.timed_out,

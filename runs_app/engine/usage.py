@@ -10,9 +10,23 @@ cache_write, cache_read}` (USD per MTok). Anthropic bills cache writes at 1.25x 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+
+def stored_cost(value: Any) -> float:
+    """A cost as a trial stores it: a finite, non-negative number of USD; anything else (None,
+    text, NaN or infinity an agent reported, a negative) is 0, the cost being unknown. A NaN
+    stored would spoil every sum it enters, and no JSON reader accepts it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        cost = float(value)
+    except OverflowError:  # an integer past float's range
+        return 0.0
+    return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
 
 @dataclass

@@ -3,6 +3,7 @@ percentages, JSON, pass rates and diff lines. Every filter returns plain text, s
 auto-escaping still applies to whatever it is given (agent output included)."""
 
 import json
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +45,9 @@ def compact(value: int | float | None) -> str:
 
 @register.filter
 def usd(value: float | None) -> str:
+    """Dollars: "$0.0123", "$12.50"; "—" for an unknown (None) or not finite cost."""
+    if value is None or not math.isfinite(value):
+        return "—"
     if not value:
         return "$0"
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
@@ -55,6 +59,14 @@ def percent(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "—"
     return f"{100 * value:.{int(digits)}f}%"
+
+
+@register.filter
+def pp(value: float | None) -> str:
+    """A 0-1 difference as signed percentage points, "+12.5" ("—" for none)."""
+    if value is None:
+        return "—"
+    return f"{100 * value:+.1f}"
 
 
 @register.filter

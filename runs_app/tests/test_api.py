@@ -166,15 +166,15 @@ def test_it_shows_a_runs_status_counts_gates_and_summary(client, member_token, o
     assert response.status_code == 200
     data = response.json()
     assert data["counts"] == {"trials": 6, "done": 3, "queued": 3, "running": 0, "passed": 2, "failed": 0,
-                              "error": 1, "cancelled": 0}  # fmt: skip
+                              "errors": 1, "cancelled": 0}  # fmt: skip
     assert data["gates"]["results"] == [{"gate": "min_pass_rate", "passed": False}]
     assert data["gates"]["passed"] is None
     summary = data["summary"]
     assert summary["baseline"] == "no-op"
-    by_variant = {arm["variant_slug"]: arm for arm in summary["arms"]}
+    by_variant = {arm["variant"]: arm for arm in summary["arms"]}
     # Errors are shown apart, never counted as fails: 2 passed of 2 graded.
     assert by_variant["reference"]["pass_rate"] == 1.0 and by_variant["reference"]["errors"] == 1
-    assert 0 < by_variant["reference"]["low"] < 1.0 == by_variant["reference"]["high"]
+    assert 0 < by_variant["reference"]["pass_rate_low"] < 1.0 == by_variant["reference"]["pass_rate_high"]
     assert by_variant["no-op"]["pass_rate"] is None
 
 

@@ -78,7 +78,7 @@ def test_a_runs_comparison_is_the_pages_json_download(client, token, three_runs)
     assert api.status_code == 200 and page.status_code == 200
     assert api.json() == json.loads(page.content)
     data = api.json()
-    assert data["baseline"] == "no-op" and [arm["key"] for arm in data["arms"]] == ["reference", "no-op"]
+    assert data["baseline"] == "no-op" and [arm["arm"] for arm in data["arms"]] == ["reference", "no-op"]
     rebased = get(client, f"/api/runs/{second.pk}/comparison", token, baseline="reference")
     assert rebased.json()["baseline"] == "reference"
     refused = get(client, f"/api/runs/{second.pk}/comparison", token, baseline="nobody")
@@ -97,7 +97,7 @@ def test_a_comparison_of_runs_is_the_pages_json_download(client, token, three_ru
     assert api.status_code == 200, api.content
     assert api.json() == json.loads(page.content)
     assert [run["id"] for run in api.json()["runs"]] == [first.pk, second.pk]
-    assert f"reference@{first.pk}" in {arm["key"] for arm in api.json()["arms"]}
+    assert f"reference@{first.pk}" in {arm["arm"] for arm in api.json()["arms"]}
     latest = get(client, "/api/experiments/smoke/comparison", token).json()
     assert [run["id"] for run in latest["runs"]] == [second.pk, third.pk]
     missing = get(client, "/api/experiments/smoke/comparison?runs=999999", token)

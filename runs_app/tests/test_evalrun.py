@@ -153,6 +153,10 @@ def test_it_exits_1_when_a_variant_fails_with_the_gates_in_junit(celery_worker_p
     assert result.returncode == 1, result.stdout + result.stderr
     assert "gate FAIL" in result.stdout and "every variant solves half" in result.stdout
     assert "[no-op slugify#0] phase finished status=failed" in result.stdout
+    # What a team could have stopped on: two tasks decide nothing.
+    assert "Anytime-valid intervals (valid however early the run stopped):" in result.stdout
+    assert "no-op: pass rate in [0.0%, " in result.stdout
+    assert "Δ vs reference in [-100.0, " in result.stdout and "undecided: keep it running" in result.stdout
     xmlschema.XMLSchema(JUNIT_XSD).validate(junit)
     root = ET.parse(junit).getroot()
     assert root.tag == "testsuites"
@@ -261,13 +265,33 @@ def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
 
     from experiments_app.models import Task
 
+    examples = settings.BASE_DIR / "examples" / "tasks"
     out = io.StringIO()
-    call_command("evalrun", *map(str, SMOKE_TASKS), "-T", "oracle", "--repeats", "3", "--plan", stdout=out)
+    call_command("evalrun", examples, "-T", "oracle", "--repeats", "3", "--plan", stdout=out)
 
     text = out.getvalue()
-    assert f"{3 * len(SMOKE_TASKS)} trials (nothing was started or stored)" in text
-    assert f"{len(SMOKE_TASKS)} units × 3 repeats per variant: detects |Δ| ≥ " in text
+    assert "72 trials (nothing was started or stored)" in text  # a dataset task among them
+    assert "24 units × 3 repeats per variant: detects |Δ| ≥ " in text
+    assert "simulated through the comparison's own test" in text and "w = 0.200, how much" in text
     assert Task.objects.count() == 0 and not Run.objects.exists()
+
+
+def test_its_plan_refuses_a_design_that_can_show_nothing():
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "evalrun", *map(str, SMOKE_TASKS), "-T", "oracle", "--repeats", "9", "--plan", stdout=out
+        )
+
+    assert refused.value.returncode == 1 and "cannot show a difference" in str(refused.value)
+    text = out.getvalue()
+    assert f"{len(SMOKE_TASKS)} units × 9 repeats per variant: cannot show any difference" in text
+    assert "At least 6 units are needed" in text and not Run.objects.exists()
 
 
 def test_it_warns_when_every_live_worker_runs_other_code(tmp_path):
@@ -369,3 +393,30 @@ def test_it_refuses_to_launch_what_no_live_worker_can_run(tmp_path):
     assert "pre-flight fail: claude-code: a key for anthropic" in planned.stdout
     cli = "pre-flight ok: claude-code: the claude CLI (claude-code): 2.0.1 on 1 live worker"
     assert cli in planned.stdout
+
+
+def test_while_following_it_says_when_a_variant_is_decided():
+    import io
+
+    from django.core.management.base import OutputWrapper
+
+    from runs_app.analysis import load
+    from runs_app.management.commands.evalrun import _Decisions, _Progress
+    from runs_app.tests.analysis.test_comparison import make_experiment, make_run
+
+    out = io.StringIO()
+    decisions = _Decisions(_Progress(OutputWrapper(out), tty=False))
+    few = {f"t{i:02d}": {"base": "F", "new": "P"} for i in range(3)}
+    run = make_run(make_experiment(), few, baseline="base", status=Run.Status.RUNNING)
+    decisions.check(run)
+    assert out.getvalue() == ""  # three units decide nothing: nothing to say
+
+    more = {f"t{i:02d}": {"base": "F", "new": "P"} for i in range(3, 20)}
+    run = make_run(make_experiment("exp2"), {**few, **more}, baseline="base", status=Run.Status.RUNNING)
+    load.forget_comparisons()
+    decisions.done, decisions.at = -1, 0.0
+    decisions.check(run)
+    text = out.getvalue()
+    assert text.startswith("anytime-valid: new: pass rate in [") and "decided: better than base" in text
+    decisions.check(run)  # nothing new: said once
+    assert out.getvalue() == text

@@ -4,6 +4,7 @@ All state lives in the query string (baseline, tags, heat-map page, runs), so a 
 shared by copying its URL; `?format=csv|json&table=summary|trials` downloads the same data.
 """
 
+import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -21,7 +22,7 @@ from django.views.decorators.http import require_GET
 from experiments_app.models import Experiment
 from runs_app.analysis import exports
 from runs_app.analysis.load import comparison, loaded
-from runs_app.analysis.stats import charts
+from runs_app.analysis.stats import charts, records
 from runs_app.analysis.stats.comparison import CLUSTERINGS, Arm, ArmSummary, Cell, Comparison
 from runs_app.models import Run, Trial
 from runs_app.web.experiments import get_experiment_for_user
@@ -176,9 +177,9 @@ def _file_stem(experiment: Experiment, runs: Sequence[Run]) -> str:
 
 def _summary_download(result: Comparison, fmt: str, stem: str) -> HttpResponse:
     if fmt == "json":
-        response = JsonResponse(result.to_dict(), json_dumps_params={"indent": 1})
+        response = JsonResponse(records.comparison_record(result), json_dumps_params={"indent": 1})
     else:
-        rows = result.summary_rows()
+        rows = records.csv_rows(result)
         columns = list(rows[0]) if rows else ["arm"]
         response = HttpResponse(exports.csv_lines(rows, columns), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{stem}-summary.{fmt}"'
@@ -216,12 +217,13 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         "mean_score": _with_interval(arm.mean_score, arm.mean_score_low, arm.mean_score_high, "{:.3f}"),
         "median": f"{arm.median_duration:.1f} s" if arm.median_duration is not None else "–",
         "tokens": f"{arm.tokens:,}",
-        "cost": f"${arm.cost:,.2f}",
-        "answerer_cost": f"${arm.answerer_cost:,.2f}",
-        "judge_cost": f"${arm.judge_cost:,.2f}",
+        "cost": _with_interval(arm.cost, None, None, "${:,.2f}"),
+        "answerer_cost": _with_interval(arm.answerer_cost, None, None, "${:,.2f}"),
+        "judge_cost": _with_interval(arm.judge_cost, None, None, "${:,.2f}"),
         "cost_per_pass": _with_interval(
             arm.cost_per_pass, arm.cost_per_pass_low, arm.cost_per_pass_high, "${:,.4f}"
         ),
+        "cost_per_trial": _with_interval(arm.mean_cost, arm.mean_cost_low, arm.mean_cost_high, "${:,.4f}"),
         "flaky": _capped(arm.flaky),
         "at_k": [_at_k(arm, k) for k in range(1, max_k + 1)],
         "hat_k": [_pct(arm.pass_hat_k.get(k)) for k in range(1, max_k + 1)],
@@ -231,10 +233,24 @@ def _arm_display(arm: ArmSummary, max_k: int) -> dict:
         row["delta"] = f"{versus.delta * 100:+.1f} pp"
         row["delta_interval"] = f"{versus.low * 100:+.1f} to {versus.high * 100:+.1f}"
         row["paired_rates"] = f"{_pct(versus.arm_rate)} vs {_pct(versus.baseline_rate)}"
-        row["mde"] = f"±{versus.mde * 100:.1f} pp" if versus.mde is not None else "–"
+        row["mde"] = f"±{versus.mde * 100:.1f} pp" if versus.mde is not None else "none: too few clusters"
         if versus.p_value is not None:
             row["p"], row["p_holm"] = _p_value(versus.p_value), _p_value(versus.p_holm)
-            row["significant"] = versus.p_holm < 0.05
+            row["significant"] = versus.significant
+            row["depends_on_errors"] = versus.depends_on_errors
+        if versus.delta_if_errors_pass is not None and versus.delta_if_errors_fail is not None:
+            row["error_range"] = (
+                f"{versus.delta_if_errors_fail * 100:+.1f} to {versus.delta_if_errors_pass * 100:+.1f} pp"
+            )
+        row["cost_delta"] = _with_interval(
+            versus.cost_delta, versus.cost_delta_low, versus.cost_delta_high, "${:+,.4f}"
+        )
+        row["cost_per_pass_delta"] = _with_interval(
+            versus.cost_per_pass_delta,
+            versus.cost_per_pass_delta_low,
+            versus.cost_per_pass_delta_high,
+            "${:+,.4f}",
+        )
     row["improved"] = _capped(versus.improved if versus else [])
     row["regressed"] = _capped(versus.regressed if versus else [])
     return row
@@ -260,9 +276,11 @@ def _capped(items: list) -> dict:
 
 
 def _with_interval(value: float | None, low: float | None, high: float | None, form: str) -> str:
-    if value is None:
-        return "–"
-    if low is None:
+    """A figure with its interval; "—" for none, or for a figure that is not a finite number (a
+    cost an agent reported as NaN)."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return form.format(value)
     return f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
 

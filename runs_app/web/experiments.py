@@ -17,7 +17,7 @@ from experiments_app.models import Experiment
 from runs_app import preflight
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import with_last_run
-from runs_app.web.presenters import as_text, config_for_kind
+from runs_app.web.presenters import as_text, attach_last_run_rates, attach_variant_rates, config_for_kind
 
 TASK_PREVIEW = 12
 
@@ -30,7 +30,9 @@ def get_experiment_for_user(request: HttpRequest, slug: str) -> Experiment:
 @login_required
 @require_GET
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = with_last_run(Experiment.objects.with_variants()).order_by("slug")
+    experiments = attach_last_run_rates(
+        list(with_last_run(Experiment.objects.with_variants()).order_by("slug"))
+    )
     ctx = {"experiments": experiments, "upload_form": ExperimentUploadForm()}
     return render(request, "experiments/experiment_list.html", ctx)
 
@@ -59,7 +61,9 @@ def experiment_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "task_count": task_count,
         "task_preview": tasks[:TASK_PREVIEW],
         "task_more": max(0, task_count - TASK_PREVIEW),
-        "runs": experiment.runs.select_related("started_by").order_by("-created_at")[:20],
+        "runs": attach_variant_rates(
+            list(experiment.runs.select_related("started_by").order_by("-created_at")[:20])
+        ),
         "launch_form": LaunchForm(),
     }
     return render(request, "experiments/experiment_detail.html", ctx)

@@ -22,10 +22,11 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from evalsite.keyed_locks import KeyedLocks
+from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app import control, live
 from runs_app.analysis.load import comparison
 from runs_app.models import Run, Trial
-from runs_app.web.presenters import run_progress_numbers, variant_rows
+from runs_app.web.presenters import baseline_problem, run_progress_numbers, variant_rows
 from runs_app.web.workers import worker_health
 
 PARTS = ("progress", "variants", "trials")
@@ -104,6 +105,8 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "workers": worker_health(run, now or timezone.now()),
         "variant_rows": variant_rows(run),
         "quarantined": comparison([run], criteria=False).quarantined if run.n_trials else [],
+        "baseline_problem": baseline_problem(run),
+        "anytime_margin": NON_INFERIORITY_MARGIN,
         "trials": trials,
         "has_more": has_more,
         "page": page,

@@ -13,7 +13,7 @@ from django.db.models import Count, Sum
 from evalsite.keyed_locks import Recent
 from experiments_app.models import Variant
 from experiments_app.specs import agent_kinds
-from runs_app.analysis import rollup
+from runs_app.analysis import load, rollup
 from runs_app.analysis.load import comparison
 from runs_app.analysis.stats.comparison import ArmSummary
 from runs_app.models import Run, Trial, TrialEvent, UnitTally
@@ -52,6 +52,17 @@ class VariantRow:
         if self.arm is None or self.arm.low is None:
             return None
         return (self.arm.low, self.arm.high)
+
+    @property
+    def sequence(self) -> tuple[float, float] | None:
+        """The rate's anytime-valid interval over the units finished so far (None before one)."""
+        if self.arm is None or not self.arm.cs_units:
+            return None
+        return (self.arm.cs_low, self.arm.cs_high)
+
+    @property
+    def versus(self):
+        return self.arm.versus if self.arm else None
 
     @property
     def bar(self) -> dict | None:
@@ -105,6 +116,13 @@ def variant_rows(run: Run) -> list[VariantRow]:
             )  # fmt: skip
         )
     return rows
+
+
+def baseline_problem(run: Run) -> str:
+    """Why the run page compares no variant with the baseline (the comparison's words), or ""."""
+    if not run.n_trials:
+        return ""
+    return comparison([run], criteria=False).baseline_problem
 
 
 def run_progress_numbers(run: Run, now: datetime) -> dict:
@@ -303,21 +321,23 @@ def config_for_kind(config: dict) -> tuple[dict, list[str]]:
     return {**config, "agent": kept}, sorted(set(agent) - set(kept))
 
 
-def attach_variant_counts(runs: list[Run]) -> list[Run]:
-    """Set `run.variant_counts` = [(variant, passed, failed)] on each run, in one query: lists
-    show each arm, not one rate pooled over arms that differ on purpose. (Counts of graded
-    trials; the run's page gives each arm's estimate with its interval.)"""
-    by_run: dict[int, list[tuple[str, int, int]]] = {run.pk: [] for run in runs}
+def attach_variant_rates(runs: list[Run]) -> list[Run]:
+    """Set `run.variant_rates` = [(variant, rate, graded units)] on each run, in one query: the
+    comparison's figure per variant (`load.variant_rates`), never one rate pooled over arms that
+    differ on purpose."""
     rollup.ensure(runs)
-    # errors are never fails (analysis.tally), so they are not counted here
-    rows = (
-        UnitTally.objects.filter(run_id__in=list(by_run))
-        .values("run_id", "variant__slug", "variant__position")
-        .annotate(passed=Sum("passed"), failed=Sum("failed"))
-        .order_by("run_id", "variant__position", "variant__slug")
-    )
-    for row in rows:
-        by_run[row["run_id"]].append((row["variant__slug"], row["passed"], row["failed"]))
+    rates = load.variant_rates([run.pk for run in runs])
     for run in runs:
-        run.variant_counts = by_run[run.pk]
+        run.variant_rates = rates[run.pk]
     return runs
+
+
+def attach_last_run_rates(experiments: list) -> list:
+    """Set `experiment.last_run_rates` (as `attach_variant_rates`) for experiments annotated
+    `with_last_run`."""
+    ids = [experiment.last_run_pk for experiment in experiments if experiment.last_run_pk]
+    runs = {run.pk: run for run in attach_variant_rates(list(Run.objects.filter(pk__in=ids)))}
+    for experiment in experiments:
+        run = runs.get(experiment.last_run_pk)
+        experiment.last_run_rates = run.variant_rates if run is not None else []
+    return experiments

@@ -27,7 +27,7 @@ from runs_app.web.fragments import (
     live_parts,
     run_state,
 )
-from runs_app.web.presenters import LISTS, attach_variant_counts
+from runs_app.web.presenters import LISTS, attach_last_run_rates, attach_variant_rates
 
 RUN_LIST_ROWS = 50
 
@@ -63,9 +63,11 @@ def get_run_for_user(request: HttpRequest, run_id: int) -> Run:
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     def lists() -> dict:
-        runs = attach_variant_counts(list(Run.objects.listed().running_first()[:15]))
+        runs = attach_variant_rates(list(Run.objects.listed().running_first()[:15]))
         latest = F("last_run_created_at").desc(nulls_last=True)
-        experiments = list(with_last_run(Experiment.objects.all()).order_by(latest, "slug")[:20])
+        experiments = attach_last_run_rates(
+            list(with_last_run(Experiment.objects.all()).order_by(latest, "slug")[:20])
+        )
         return {"runs": runs, "experiments": experiments}
 
     return render(request, "runs/home.html", LISTS.get("home", lists))
@@ -84,7 +86,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
     def listed():
         page = Paginator(runs.order_by("-created_at", "-pk"), RUN_LIST_ROWS).get_page(filters.get("page"))
-        page.object_list = attach_variant_counts(list(page.object_list))
+        page.object_list = attach_variant_rates(list(page.object_list))
         page.has_other_pages()  # the runs counted now, once for everyone who looks within the second
         return page
 

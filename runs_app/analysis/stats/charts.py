@@ -6,11 +6,13 @@ static/js/compare.js hands them to Plotly.newPlot. The tests validate them with 
 Plotly renders a subset of HTML in text, so every label is HTML-escaped first.
 """
 
+import math
 import re
 from html import escape
 from typing import Any
 
 from runs_app.analysis.stats.comparison import ArmSummary, Comparison
+from runs_app.analysis.stats.records import finite
 
 BASELINE_COLOUR = "#6a7380"
 ARM_COLOUR = "#2b5fd9"
@@ -75,7 +77,7 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
         "hovertemplate": "%{y}<br>Δ %{x:+.1%} [%{customdata[0]:+.1%}, %{customdata[1]:+.1%}]"
         "<br>Holm p %{customdata[2]}<extra></extra>",
     }
-    baseline = escape(comparison.baseline_arm.label) if comparison.arms else ""
+    baseline = escape(comparison.baseline_label)
     layout = _layout(f"Δ pass rate vs {baseline} ({round(comparison.confidence * 100)}% paired)")
     layout["xaxis"] = {"tickformat": "+.0%", "zeroline": False, "title": {"text": "Δ pass rate"}}
     layout["yaxis"] = {"automargin": True}  # room for long variant names
@@ -93,9 +95,33 @@ def forest_figure(comparison: Comparison) -> dict[str, Any]:
     return {"data": [points], "layout": layout}
 
 
+def pareto_front(arms: list[ArmSummary]) -> list[ArmSummary]:
+    """The arms no other arm beats on both pass rate and cost per trial (as high a rate for no
+    more cost, one of them strictly), cheapest first: the choices worth making."""
+    known = [(float(arm.mean_cost or 0.0), float(arm.pass_rate or 0.0), arm) for arm in arms if _costed(arm)]
+    front = [
+        (cost, rate, arm)
+        for cost, rate, arm in known
+        if not any(
+            other_cost <= cost and other_rate >= rate and (other_cost < cost or other_rate > rate)
+            for other_cost, other_rate, _ in known
+        )
+    ]
+    return [arm for _, _, arm in sorted(front, key=lambda item: (item[0], -item[1]))]
+
+
+def _costed(arm: ArmSummary) -> bool:
+    """An arm with a rate and a known cost (not NaN: an agent may report one)."""
+    return arm.pass_rate is not None and arm.mean_cost is not None and math.isfinite(arm.mean_cost)
+
+
 def cost_figure(comparison: Comparison) -> dict[str, Any]:
-    """Pass rate against mean cost per trial, one point per arm."""
-    arms = [arm for arm in comparison.arms if arm.pass_rate is not None]
+    """Pass rate against cost per trial, one point per arm (per run and variant across runs),
+    both with their 95% intervals, and the Pareto frontier: the arms no other beats on both.
+    Dominated arms are hollow."""
+    arms = [arm for arm in comparison.arms if _costed(arm)]
+    front = pareto_front(arms)
+    on_front = {arm.key for arm in front}
     points = {
         "type": "scatter",
         # Past a few arms the names would sit on each other: they move to the hover text.
@@ -106,21 +132,41 @@ def cost_figure(comparison: Comparison) -> dict[str, Any]:
         "textposition": "top center",
         "cliponaxis": False,  # labels of points at the axis edge stay whole
         "error_y": _error_bars(arms, "pass_rate", "low", "high"),
-        "marker": {"size": 10, "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms]},
-        "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<extra></extra>",
+        "error_x": _error_bars(arms, "mean_cost", "mean_cost_low", "mean_cost_high"),
+        "customdata": ["on the Pareto frontier" if arm.key in on_front else "beaten on both" for arm in arms],
+        "marker": {
+            "size": 10,
+            "color": [BASELINE_COLOUR if arm.is_baseline else ARM_COLOUR for arm in arms],
+            "symbol": ["circle" if arm.key in on_front else "circle-open" for arm in arms],
+        },
+        "hovertemplate": "%{text}<br>%{y:.1%} at $%{x:.4f} a trial<br>%{customdata}<extra></extra>",
+        "name": "arms",
     }
-    layout = _layout("Pass rate vs cost")
-    layout["xaxis"] = {"title": {"text": "mean cost per trial (USD)"}, "rangemode": "tozero"}
+    frontier = {
+        "type": "scatter",
+        "mode": "lines",
+        "x": [arm.mean_cost for arm in front],
+        "y": [arm.pass_rate for arm in front],
+        "line": {"shape": "hv", "color": ARM_COLOUR, "dash": "dot", "width": 1.5},
+        "hoverinfo": "skip",
+        "name": "Pareto frontier",
+    }
+    layout = _layout("Pass rate vs cost per trial (Pareto frontier dotted)")
+    layout["xaxis"] = {
+        "title": {"text": "mean cost per trial (USD, the agent's calls)"},
+        "rangemode": "tozero",
+    }
     layout["yaxis"] = {"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "pass rate"}}
-    return {"data": [points], "layout": layout}
+    return {"data": [frontier, points], "layout": layout}
 
 
 def figures(comparison: Comparison) -> dict[str, dict[str, Any]]:
-    """Every chart of the comparison page, by element id."""
+    """Every chart of the comparison page, by element id; a number that is not finite (a NaN
+    cost) becomes null, which Plotly leaves out and JSON can hold."""
     charts = {"chart-pass-rate": pass_rate_figure(comparison), "chart-cost": cost_figure(comparison)}
     if len(comparison.arms) > 1:
         charts["chart-forest"] = forest_figure(comparison)
-    return charts
+    return {name: finite(figure) for name, figure in charts.items()}
 
 
 def _error_bars(arms: list[ArmSummary], value: str, low: str, high: str) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app.analysis.stats import inference, intervals, notes
 from runs_app.analysis.stats.comparison import (
     ALPHA,
@@ -69,6 +71,7 @@ def compare(
     if cluster not in CLUSTERINGS:
         raise ValueError(f"unknown clustering {cluster!r}: choose one of {', '.join(CLUSTERINGS)}")
     keys = [arm.key for arm in data.arms]
+    missing = "" if baseline else data.missing_baseline
     baseline = baseline or data.default_baseline
     if data.arms and baseline not in keys:
         raise ValueError(f"unknown baseline {baseline!r}: choose one of {', '.join(keys)}")
@@ -81,9 +84,12 @@ def compare(
     columns = [_Column.of([row[i] for row in matrix]) for i in range(len(keys))]
     arms = [_summary(arm, columns[i], units, clusters, confidence) for i, arm in enumerate(data.arms)]
     draws = max(inference.DRAWS, math.ceil(20 * max(1, len(arms) - 1) / alpha))
+    problem = notes.baseline_problem(data, missing, arms[base] if arms else None)
+    if missing:
+        baseline, base = missing, -1  # no arm is the baseline: none is compared with another
     for i, arm in enumerate(arms):
         arm.is_baseline = i == base
-        if i != base:
+        if i != base and not problem:
             untested = notes.untested_reason(data, data.arms[base], data.arms[i], units)
             arm.versus = _versus(
                 units, clusters, columns[base], columns[i], confidence, alpha, final, untested, draws, seed
@@ -106,6 +112,7 @@ def compare(
         by_criterion=_by_criterion(data, units, clusters, keys, confidence),
         warnings=[],
         quarantined=data.quarantined,
+        baseline_problem=problem,
         overall=inference.rate_interval(
             [
                 (sum(c.graded[j][0] for c in columns), sum(c.graded[j][1] for c in columns))
@@ -139,21 +146,25 @@ class _Column:
     graded: list[PassCount]
     finished: list[PassCount]
     infra: list[PassCount]
+    if_pass: list[PassCount]  # (passes and infrastructure errors, finished): every error a pass
 
     @classmethod
     def of(cls, cells: list[Cell | None]) -> _Column:
-        graded, finished, infra = [], [], []
+        graded: list[PassCount] = []
+        finished: list[PassCount] = []
+        infra: list[PassCount] = []
+        if_pass: list[PassCount] = []
         for cell in cells:
             if cell is None:
-                graded.append((0, 0))
-                finished.append((0, 0))
-                infra.append((0, 0))
+                for column in (graded, finished, infra, if_pass):
+                    column.append((0, 0))
                 continue
             tally = cell.tally
             graded.append((cell.passed, tally.graded))
             finished.append((cell.passed, tally.finished))
             infra.append((tally.infra_errors, tally.finished))
-        return cls(cells, graded, finished, infra)
+            if_pass.append((cell.passed + tally.infra_errors, tally.finished))
+        return cls(cells, graded, finished, infra, if_pass)
 
 
 def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, confidence: float) -> ArmSummary:
@@ -173,8 +184,13 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
     per_pass = inference.ratio_interval(
         [c.cost for c in cells], [c.passed for c in cells], _keys(column, clusters)
     )
+    per_trial = inference.ratio_interval(
+        [c.cost for c in cells], [c.total - c.pending for c in cells], _keys(column, clusters)
+    )
     durations = [cell.duration_sum / cell.duration_n for cell in cells if cell.duration_n]
     curves = _k_curves(counted.graded, clusters, confidence)
+    finished = _in_finishing_order(counted.cells, counted.graded)
+    cs_low, cs_high = inference.confidence_sequence([2 * p / n - 1 for p, n in finished], confidence)
     return ArmSummary(
         key=arm.key,
         label=arm.label,
@@ -199,18 +215,23 @@ def _summary(arm: Arm, counted: _Column, units: list[Unit], clusters: list, conf
         rate_if_errors_fail_low=if_fail.low if if_fail else None,
         rate_if_errors_fail_high=if_fail.high if if_fail else None,
         mean_score=score.estimate if score else None,
-        mean_score_low=score.low if score and score.se is not None else None,
-        mean_score_high=score.high if score and score.se is not None else None,
+        mean_score_low=max(0.0, score.low) if score and score.se is not None else None,
+        mean_score_high=min(1.0, score.high) if score and score.se is not None else None,
         median_duration=statistics.median(durations) if durations else None,
         pass_at_k=curves["pass_at_k"],
         pass_at_k_low=curves["pass_at_k_low"],
         pass_at_k_high=curves["pass_at_k_high"],
         pass_at_k_units=curves["pass_at_k_units"],
         pass_hat_k=curves["pass_hat_k"],
+        cs_low=(cs_low + 1) / 2,
+        cs_high=(cs_high + 1) / 2,
+        cs_units=len(finished),
         tokens=sum(cell.tokens for cell in cells),
         cost=cost,
         answerer_cost=math.fsum(cell.answerer_cost for cell in cells),
         judge_cost=math.fsum(cell.judge_cost for cell in cells),
+        mean_cost_low=max(0.0, per_trial.low) if per_trial and per_trial.se is not None else None,
+        mean_cost_high=per_trial.high if per_trial and per_trial.se is not None else None,
         cost_per_pass=per_pass.estimate if per_pass else None,
         cost_per_pass_low=max(0.0, per_pass.low) if per_pass and per_pass.se is not None else None,
         cost_per_pass_high=per_pass.high if per_pass and per_pass.se is not None else None,
@@ -232,6 +253,17 @@ def _keys(column: list[Cell | None], clusters: list) -> list:
     return [key for cell, key in zip(column, clusters, strict=True) if cell is not None]
 
 
+def _in_finishing_order(cells: list[Cell | None], graded: list[PassCount]) -> list[PassCount]:
+    """The graded counts of the units with nothing pending, in the order they were launched (a
+    seeded random order of units: `launching`), which is the order they finish in."""
+    done = [
+        (cell.first_trial_id or 0, counts)
+        for cell, counts in zip(cells, graded, strict=True)
+        if cell is not None and counts[1] and not cell.pending
+    ]
+    return [counts for _, counts in sorted(done, key=lambda item: item[0])]
+
+
 def _interval_words(rate: Interval | None) -> str:
     if rate is None:
         return ""
@@ -241,11 +273,10 @@ def _interval_words(rate: Interval | None) -> str:
 
 
 def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dict[str, dict[int, Any]]:
-    """Mean pass@k (with interval) and pass^k over the units with at least k graded trials.
-
-    A unit that lost a trial to an error leaves only the k it cannot estimate; the units each
-    k averages over are reported beside it (`pass_at_k_units`).
-    """
+    """Mean pass@k (with a floored interval) and pass^k for every k, over one fixed set of units:
+    those with at least the arm's usual number of graded trials (its most common count), so the
+    curve compares like with like at every k (a unit that lost trials to errors is left out of
+    all of them; `pass_at_k_units` says how many units remain)."""
     curves: dict[str, dict[int, Any]] = {
         "pass_at_k": {},
         "pass_at_k_low": {},
@@ -253,16 +284,17 @@ def _k_curves(counts: list[PassCount], clusters: list, confidence: float) -> dic
         "pass_at_k_units": {},
         "pass_hat_k": {},
     }
-    top = max((n for _, n in counts), default=0)
-    for k in k_grid(top):
-        kept = [(p, n, key) for (p, n), key in zip(counts, clusters, strict=True) if n >= k]
-        at = inference.ratio_interval(
-            [_pass_at_k(n, p, k) for p, n, _ in kept], [1] * len(kept), [key for *_, key in kept], confidence
-        )
-        assert at is not None  # every unit has at least one trial, so k = 1 keeps them all
+    graded = [n for _, n in counts if n]
+    if not graded:
+        return curves
+    usual = max(Counter(graded).items(), key=lambda item: (item[1], item[0]))[0]
+    kept = [(p, n, key) for (p, n), key in zip(counts, clusters, strict=True) if n >= usual]
+    keys = [key for *_, key in kept]
+    for k in k_grid(usual):
+        at = inference.floored_mean_interval([_pass_at_k(n, p, k) for p, n, _ in kept], keys, confidence)
         curves["pass_at_k"][k] = at.estimate
-        curves["pass_at_k_low"][k] = max(0.0, at.low)
-        curves["pass_at_k_high"][k] = min(1.0, at.high)
+        curves["pass_at_k_low"][k] = at.low
+        curves["pass_at_k_high"][k] = at.high
         curves["pass_at_k_units"][k] = len(kept)
         curves["pass_hat_k"][k] = math.fsum(_pass_hat_k(n, p, k) for p, n, _ in kept) / len(kept)
     return curves
@@ -292,7 +324,7 @@ def _versus(
     units, clusters, base: _Column, other: _Column, confidence, alpha, final, untested, draws, seed
 ) -> Versus | None:
     baseline, arm = base.graded, other.graded
-    delta = inference.difference_interval(baseline, arm, clusters, confidence)
+    delta = inference.difference_interval(baseline, arm, clusters, confidence, draws=draws, seed=seed)
     if delta is None:
         return None
     paired = [j for j, (b, a) in enumerate(zip(baseline, arm, strict=True)) if b[1] and a[1]]
@@ -306,62 +338,167 @@ def _versus(
         low=delta.low,
         high=delta.high,
         se=delta.se,
-        mde=inference.detectable_effect(delta.se, delta.clusters, alpha, POWER) if delta.se else None,
+        mde=inference.detectable_effect(delta.se, delta.clusters, alpha, POWER),
         test=None,
         untested=untested,
+        alpha=alpha,
     )
     if not untested and not final:
         versus.untested = (
             "p-values are shown once the run has ended (a p-value watched while trials arrive is not valid)"
         )
-    tested = (
-        None if versus.untested else inference.sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+    if not versus.untested:
+        versus.p_value = delta.p_value
+        draws_text = "exact" if delta.exact else f"{draws:,} draws"
+        guard = ", bootstrap-t skew guard" if delta.clusters > inference.ENUMERATED_CLUSTERS else ""
+        versus.test = f"sign-flip ({draws_text}), floored by the number of clusters{guard}"
+    finished = [
+        (
+            min(b.first_trial_id or 0, a.first_trial_id or 0),
+            arm[j][0] / arm[j][1] - baseline[j][0] / baseline[j][1],
+        )
+        for j in paired
+        if (b := base.cells[j]) is not None
+        and (a := other.cells[j]) is not None
+        and not b.pending
+        and not a.pending
+    ]
+    versus.cs_low, versus.cs_high = inference.confidence_sequence(
+        [d for _, d in sorted(finished, key=lambda item: item[0])], confidence
     )
-    if tested is not None:
-        p_value, exact = tested
-        versus.p_value = p_value
-        versus.test = "sign-flip, exact" if exact else f"sign-flip, {draws:,} draws"
-    _error_effects(versus, base, other, clusters, confidence, alpha)
-    _changed_units(versus, units, paired, baseline, arm, alpha)
+    versus.cs_units = len(finished)
+    versus.decided = decision(versus.cs_low, versus.cs_high, versus.margin)
+    _error_effects(versus, delta, base, other, clusters, confidence, alpha, draws, seed)
+    _cost_effects(versus, base, other, clusters, confidence)
+    _changed_units(versus, units, paired, baseline, arm)
     return versus
 
 
+def _cost_effects(versus: Versus, base: _Column, other: _Column, clusters, confidence: float) -> None:
+    """The arm's cost per trial and per passed trial minus the baseline's, over the units both
+    arms ended trials of, with paired intervals (`inference.ratio_difference`)."""
+
+    def per(column: _Column, denominator) -> list[tuple[float, float] | None]:
+        return [
+            (cell.cost, denominator(cell)) if cell is not None and cell.total > cell.pending else None
+            for cell in column.cells
+        ]
+
+    for name, denominator in (("cost", lambda c: c.total - c.pending), ("cost_per_pass", lambda c: c.passed)):
+        found = inference.ratio_difference(
+            per(other, denominator), per(base, denominator), clusters, confidence
+        )
+        if found is not None:
+            setattr(versus, f"{name}_delta", found.estimate)
+            if found.se is not None:
+                setattr(versus, f"{name}_delta_low", found.low)
+                setattr(versus, f"{name}_delta_high", found.high)
+
+
+def decision(low: float, high: float, margin: float = NON_INFERIORITY_MARGIN) -> str:
+    """What an anytime-valid interval of Δ already shows: "better" or "worse" once it leaves
+    0, "not worse" once its lower end is within the margin (the question of `no_regression`),
+    "" while it shows none of these."""
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    if low >= -margin:
+        return "not worse"
+    return ""
+
+
 def _error_effects(
-    versus: Versus, base: _Column, other: _Column, clusters, confidence: float, alpha: float
+    versus: Versus,
+    delta: inference.PairedDelta,
+    base: _Column,
+    other: _Column,
+    clusters,
+    confidence: float,
+    alpha: float,
+    draws,
+    seed,
 ) -> None:
-    """Δ with every error a fail, and whether the arms' infrastructure-error shares differ."""
-    if_fail = inference.difference_interval(base.finished, other.finished, clusters, confidence)
-    if if_fail:
-        versus.delta_if_errors_fail = if_fail.estimate
-        versus.delta_if_errors_fail_low, versus.delta_if_errors_fail_high = if_fail.low, if_fail.high
+    """Δ with every infrastructure error a fail and with every one a pass, and whether the arms'
+    infrastructure-error shares differ."""
+    if not any(n for n, _ in base.infra) and not any(n for n, _ in other.infra):
+        # No infrastructure error in either arm: the three are Δ itself, and the shares are 0.
+        for form in ("fail", "pass"):
+            setattr(versus, f"delta_if_errors_{form}", delta.estimate)
+            setattr(versus, f"delta_if_errors_{form}_low", delta.low)
+            setattr(versus, f"delta_if_errors_{form}_high", delta.high)
+        if any(b[1] and a[1] for b, a in zip(base.infra, other.infra, strict=True)):
+            versus.baseline_error_share = versus.arm_error_share = 0.0
+        return
+    for form, counts in (("fail", (base.finished, other.finished)), ("pass", (base.if_pass, other.if_pass))):
+        found = inference.difference_interval(*counts, clusters, confidence, draws=draws, seed=seed)
+        if found is not None:
+            setattr(versus, f"delta_if_errors_{form}", found.estimate)
+            setattr(versus, f"delta_if_errors_{form}_low", found.low)
+            setattr(versus, f"delta_if_errors_{form}_high", found.high)
     base_errors, arm_errors = base.infra, other.infra
-    shares = inference.difference_interval(base_errors, arm_errors, clusters, confidence)
+    shares = inference.difference_interval(
+        base_errors, arm_errors, clusters, confidence, draws=draws, seed=seed
+    )
     if shares is None:
         return
     both = [(b, a) for b, a in zip(base_errors, arm_errors, strict=True) if b[1] and a[1]]
     versus.baseline_error_share = math.fsum(b[0] / b[1] for b, _ in both) / len(both)
     versus.arm_error_share = versus.baseline_error_share + shares.estimate
     if any(b[0] or a[0] for b, a in both):
-        tested = inference.sign_flip_p(base_errors, arm_errors, clusters)
-        versus.error_p = tested[0] if tested else None
-        versus.errors_differ = versus.error_p is not None and versus.error_p < alpha
+        versus.error_p = shares.p_value
+        versus.errors_differ = versus.error_p < alpha
 
 
-def _changed_units(versus: Versus, units, paired: list[int], baseline, arm, alpha: float) -> None:
-    """Units whose own trials differ significantly (Fisher's exact test at α, unadjusted).
+def _robust_to_errors(versus: Versus) -> bool:
+    """Whether Δ's interval leaves 0 on the same side with every infrastructure error a fail and
+    with every one a pass (so no outcome of the trials they took could undo it)."""
+    sides = []
+    for form in ("fail", "pass"):
+        low = getattr(versus, f"delta_if_errors_{form}_low")
+        high = getattr(versus, f"delta_if_errors_{form}_high")
+        if low is None or high is None:
+            return True  # no error changes the units' counts
+        sides.append(1 if low > 0 else -1 if high < 0 else 0)
+    headline = 1 if versus.low > 0 else -1 if versus.high < 0 else 0
+    return all(side == headline for side in sides)
 
-    With one or two trials per arm no unit can reach α = 0.05, so nothing is listed: a single
-    flipped trial is not evidence. If nothing changed, at most α × units would be listed."""
+
+def _changed_units(versus: Versus, units, paired: list[int], baseline, arm) -> None:
+    """Units whose rate differs between the arms, largest change first, with how many would
+    differ in each direction by chance (each unit's trials drawn at its pooled rate in both
+    arms): with a few repeats a unit alone proves little, so the lists are read against that."""
     for j in paired:
         (bp, bn), (ap, an) = baseline[j], arm[j]
-        p_value = _fisher(bp, bn, ap, an)
         change = ap / an - bp / bn
-        if p_value < alpha and change:
+        up, down = _chance_of_change(bp + ap, bn, an)
+        versus.improved_by_chance += up
+        versus.regressed_by_chance += down
+        if change:
             listed = versus.improved if change > 0 else versus.regressed
-            listed.append(UnitDelta(units[j].label, f"{bp}/{bn}", f"{ap}/{an}", change, p_value))
+            listed.append(
+                UnitDelta(units[j].label, f"{bp}/{bn}", f"{ap}/{an}", change, _fisher(bp, bn, ap, an))
+            )
     versus.improved.sort(key=lambda d: (-d.delta, d.unit))
     versus.regressed.sort(key=lambda d: (d.delta, d.unit))
-    versus.listed_by_chance = alpha * len(paired)
+
+
+@lru_cache(maxsize=4096)
+def _chance_of_change(passes: int, baseline_n: int, arm_n: int) -> tuple[float, float]:
+    """P(the arm's rate > the baseline's) and P(<), both drawn Binomial at the pooled rate."""
+    rate = passes / (baseline_n + arm_n)
+    base = [
+        math.comb(baseline_n, k) * rate**k * (1 - rate) ** (baseline_n - k) for k in range(baseline_n + 1)
+    ]
+    other = [math.comb(arm_n, k) * rate**k * (1 - rate) ** (arm_n - k) for k in range(arm_n + 1)]
+    up = down = 0.0
+    for kb, pb in enumerate(base):
+        for ka, pa in enumerate(other):
+            if ka * baseline_n > kb * arm_n:
+                up += pb * pa
+            elif ka * baseline_n < kb * arm_n:
+                down += pb * pa
+    return up, down
 
 
 @lru_cache(maxsize=4096)
@@ -374,6 +511,7 @@ def _holm(arms: list[ArmSummary]) -> None:
     p_values = [versus.p_value for versus in tested if versus.p_value is not None]
     for versus, adjusted in zip(tested, intervals.holm(p_values), strict=True):
         versus.p_holm = adjusted
+        versus.depends_on_errors = adjusted < versus.alpha and not _robust_to_errors(versus)
 
 
 # --- breakdowns and the heat-map ------------------------------------------------------------------

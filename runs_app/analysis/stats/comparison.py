@@ -1,13 +1,14 @@
 """The comparison's types: the loaded data (arms, units, cells) and what a comparison returns
-(each arm's summary, its versus the baseline, breakdowns), with their JSON and table shapes.
-Pure Python, no Django. `compare` computes them; `notes` words them.
+(each arm's summary, its versus the baseline, breakdowns). Pure Python, no Django. `compare`
+computes them, `notes` words them, `records` gives them their one shape outside the program.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app.analysis.stats.inference import Interval, PassCount
 from runs_app.analysis.stats.tally import Tally
 
@@ -39,23 +40,6 @@ SUMMED: tuple[str, ...] = (
     "duration_sum", "duration_n", "tokens", "cost", "dataset_rows", "answerer_cost", "judge_cost",
     "tampered",
 )  # fmt: skip
-# Summary CSV column -> Versus attribute.
-VERSUS_COLUMNS = {
-    "paired_units": "units",
-    "paired_clusters": "clusters",
-    "baseline_rate_paired": "baseline_rate",
-    "rate_paired": "arm_rate",
-    "delta": "delta",
-    "delta_low": "low",
-    "delta_high": "high",
-    "detectable_delta": "mde",
-    "test": "test",
-    "p_value": "p_value",
-    "p_holm": "p_holm",
-    "untested_because": "untested",
-    "delta_if_errors_fail": "delta_if_errors_fail",
-    "infra_error_p": "error_p",
-}
 
 
 @dataclass
@@ -168,6 +152,9 @@ class ComparisonData:
     # Tasks of these runs set aside as broken, left out of everything above: {"task", "reason",
     # "by", "since"} each, for every page to say so.
     quarantined: list[dict[str, str]] = field(default_factory=list)
+    # The baseline the run was launched with, when it has no trial here (`default_baseline` is
+    # then another arm, which the comparison must not silently compare against).
+    missing_baseline: str = ""
 
     @property
     def tags(self) -> list[str]:
@@ -180,7 +167,7 @@ class UnitDelta:
     baseline: str  # "k/n"
     variant: str
     delta: float
-    p_value: float  # Fisher's exact test of this unit alone
+    p_value: float  # Fisher's exact test of this unit alone (informative: a few repeats prove little)
 
 
 @dataclass
@@ -207,13 +194,46 @@ class Versus:
     delta_if_errors_fail: float | None = None
     delta_if_errors_fail_low: float | None = None
     delta_if_errors_fail_high: float | None = None
+    # The same with every infrastructure error counted as a pass: with the above, how much Δ
+    # could depend on the trials the errors took.
+    delta_if_errors_pass: float | None = None
+    delta_if_errors_pass_low: float | None = None
+    delta_if_errors_pass_high: float | None = None
+    # Significant (Holm p < α) but not with every error a fail, or not with every error a pass.
+    depends_on_errors: bool = False
+    # Anytime-valid (`inference.confidence_sequence`) over the units both arms have finished, in
+    # the order they finished: valid while the run goes on, so a run may be stopped once it is
+    # `decided` ("better", "worse", "not worse" than the baseline by the margin: `compare.decision`).
+    cs_low: float = -1.0
+    cs_high: float = 1.0
+    cs_units: int = 0  # the finished paired units it is over
+    decided: str = ""
+    margin: float = NON_INFERIORITY_MARGIN  # of "not worse"
     baseline_error_share: float | None = None  # infrastructure errors / finished, unit-weighted
     arm_error_share: float | None = None
     error_p: float | None = None  # sign-flip p of equal infrastructure error shares
     errors_differ: bool = False  # error_p below the comparison's α
+    # The arm's cost per ended trial, and per passed trial, minus the baseline's, in USD over the
+    # units both ended trials of (the agent's calls), with paired intervals.
+    cost_delta: float | None = None
+    cost_delta_low: float | None = None
+    cost_delta_high: float | None = None
+    cost_per_pass_delta: float | None = None
+    cost_per_pass_delta_low: float | None = None
+    cost_per_pass_delta_high: float | None = None
     improved: list[UnitDelta] = field(default_factory=list)
     regressed: list[UnitDelta] = field(default_factory=list)
-    listed_by_chance: float = 0.0  # at most this many units listed if nothing changed
+    # How many units would show a change in each direction if the arms were the same (each unit
+    # at its pooled rate): the lists are read against these.
+    improved_by_chance: float = 0.0
+    regressed_by_chance: float = 0.0
+
+    @property
+    def significant(self) -> bool:
+        """Holm p below the comparison's α, whatever the infrastructure errors took."""
+        return self.p_holm is not None and self.p_holm < self.alpha and not self.depends_on_errors
+
+    alpha: float = 0.05
 
 
 @dataclass
@@ -254,12 +274,19 @@ class ArmSummary:
     cost: float  # the agent's calls only; the answerer's and the judge's are apart
     answerer_cost: float
     judge_cost: float
+    mean_cost_low: float | None  # the interval of `mean_cost`, cost per ended trial
+    mean_cost_high: float | None
     cost_per_pass: float | None
     cost_per_pass_low: float | None
     cost_per_pass_high: float | None
     flaky: list[str]
     not_comparable: list[str]
     versus: Versus | None = None
+    # The rate's anytime-valid interval over the units the arm has finished, in finishing order
+    # (`inference.confidence_sequence`): what a live run may be watched by.
+    cs_low: float = 0.0
+    cs_high: float = 1.0
+    cs_units: int = 0
 
     @property
     def infra_errors(self) -> int:
@@ -267,7 +294,7 @@ class ArmSummary:
 
     @property
     def mean_cost(self) -> float | None:
-        """Cost per finished trial, whatever its outcome (errors and cancellations cost too)."""
+        """Cost per ended trial, whatever its outcome (errors and cancellations cost too)."""
         finished = self.trials - self.pending
         return self.cost / finished if finished else None
 
@@ -305,10 +332,18 @@ class Comparison:
     warnings: list[str]
     overall: Interval | None = None  # every arm's trials of a unit together
     quarantined: list[dict[str, str]] = field(default_factory=list)  # tasks left out (ComparisonData's)
+    # Why no arm is compared with the baseline ("" when they are): it has no trial, or none
+    # graded. Said on every page and output instead of numbers against another arm.
+    baseline_problem: str = ""
 
     @property
-    def baseline_arm(self) -> ArmSummary:
-        return next(arm for arm in self.arms if arm.key == self.baseline)
+    def baseline_arm(self) -> ArmSummary | None:
+        return next((arm for arm in self.arms if arm.key == self.baseline and arm.is_baseline), None)
+
+    @property
+    def baseline_label(self) -> str:
+        arm = self.baseline_arm
+        return arm.label if arm else self.baseline
 
     @property
     def others(self) -> list[ArmSummary]:
@@ -326,94 +361,10 @@ class Comparison:
     def arm(self, key: str) -> ArmSummary | None:
         return next((arm for arm in self.arms if arm.key == key), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as JSON-ready data (no per-unit matrix: see `trial_rows` for trials)."""
-        return {
-            "runs": [
-                {
-                    "id": run.pk,
-                    "status": run.status,
-                    "fingerprint": run.fingerprint,
-                    "gates": run.gate_results,
-                }
-                for run in self.runs
-            ],
-            "baseline": self.baseline,
-            "tags": self.tags,
-            "cluster": self.cluster,
-            "method": self.method,
-            "repeats": self.repeats,
-            "units": self.units,
-            "tasks": len(self.rows),
-            "confidence": self.confidence,
-            "alpha": self.alpha,
-            "final": self.final,
-            "arms": [asdict(arm) for arm in self.arms],
-            "overall": self.overall._asdict() if self.overall else None,
-            "by_tag": [_breakdown_dict(row, self.arms) for row in self.by_tag],
-            "by_criterion": [_breakdown_dict(row, self.arms) for row in self.by_criterion],
-            "warnings": self.warnings,
-            "quarantined": self.quarantined,
-        }
-
-    def summary_rows(self) -> list[dict[str, Any]]:
-        """One flat row per arm (the summary CSV)."""
-        rows = []
-        for arm in self.arms:
-            row = {
-                "arm": arm.key,
-                "run": arm.run_id,
-                "variant": arm.variant_slug,
-                "baseline": arm.is_baseline,
-                "trials": arm.trials,
-                "passed": arm.passed,
-                "failed": arm.failed,
-                "errors": arm.errors,
-                "agent_errors": arm.agent_errors,
-                "cancelled": arm.cancelled,
-                "pending": arm.pending,
-                "units": arm.units,
-                "clusters": arm.clusters,
-                "pass_rate": arm.pass_rate,
-                "pass_rate_low": arm.low,
-                "pass_rate_high": arm.high,
-                "interval": arm.interval,
-                "pass_rate_if_errors_fail": arm.rate_if_errors_fail,
-                "mean_score": arm.mean_score,
-                "median_duration_s": arm.median_duration,
-                "tokens": arm.tokens,
-                "cost_usd": arm.cost,
-                "cost_per_pass_usd": arm.cost_per_pass,
-                "answerer_cost_usd": arm.answerer_cost,
-                "judge_cost_usd": arm.judge_cost,
-            }
-            for k in range(1, self.max_k + 1):
-                row[f"pass@{k}"] = arm.pass_at_k.get(k)
-                row[f"pass^{k}"] = arm.pass_hat_k.get(k)
-            versus = arm.versus
-            row.update({column: getattr(versus, name, None) for column, name in VERSUS_COLUMNS.items()})
-            row["improved"] = len(versus.improved) if versus else None
-            row["regressed"] = len(versus.regressed) if versus else None
-            row["flaky"] = len(arm.flaky)
-            rows.append(row)
-        return rows
-
 
 def method_text(cluster: str, confidence: float) -> str:
     return (
         f"{round(confidence * 100)}% cluster-robust t interval ({CLUSTERINGS.get(cluster, cluster)}; "
-        "floored by Wilson near 0% and 100%, by Newcombe for Δ); sign-flip permutation test, "
-        "Holm-adjusted"
+        "floored by Wilson near 0% and 100%); Δ: the sign-flip permutation test inverted, floored by "
+        "the number of clusters and guarded against skew by the bootstrap-t, Holm-adjusted"
     )
-
-
-def _breakdown_dict(row: BreakdownRow, arms: list[ArmSummary]) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "arms": {
-            arm.key: (cell._asdict() if cell else None) for arm, cell in zip(arms, row.cells, strict=True)
-        },
-    }
-
-
-# --- statistics -------------------------------------------------------------------------------

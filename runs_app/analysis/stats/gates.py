@@ -21,6 +21,7 @@ from experiments_app.specs import (
     NoRegressionGate,
     SuiteThresholdsGate,
 )
+from runs_app.analysis.stats.comparison import ArmSummary, Comparison
 from runs_app.analysis.stats.tally import Tally
 
 _GATE_LIST = TypeAdapter(list[Gate])
@@ -37,8 +38,10 @@ class VersusFacts:
     delta: float
     low: float
     high: float
-    p_adjusted: float | None  # Holm-adjusted across the run's variants; None when untested
+    p_holm: float | None  # Holm-adjusted across the run's variants; None when untested
     untested: str = ""  # why no test was run
+    low_if_errors_fail: float | None = None  # Δ's lower bound with every error a fail
+    detectable: float | None = None  # the smallest |Δ| the design detects; None: none
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,17 @@ class VariantFacts:
     slug: str
     passed: int = 0
     failed: int = 0
-    error: int = 0
+    errors: int = 0
     agent_errors: int = 0
     rate: float | None = None
     low: float | None = None
     high: float | None = None
+    low_if_errors_fail: float | None = None  # the rate's lower bound with every error a fail
     versus: VersusFacts | None = None
 
     @property
     def tally(self) -> Tally:
-        return Tally(self.passed, self.failed, self.error, self.agent_errors)
+        return Tally(self.passed, self.failed, self.errors, self.agent_errors)
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,61 @@ class RunFacts:
     suites: list[dict] = field(default_factory=list)  # Run.suite_results
     overall: VariantFacts | None = None  # every variant's units together
     method: str = ""  # how the intervals were computed, named in the details
+    baseline_problem: str = ""  # why nothing is compared with the baseline (`Comparison`)
     # The same facts under another clustering, for gates that name one (`cluster: task`).
     clustered: dict[str, RunFacts] = field(default_factory=dict)
 
     def under(self, cluster: str) -> RunFacts:
         return self.clustered.get(cluster, self)
+
+
+def facts_of(summary: Comparison, suites: list[dict]) -> RunFacts:
+    """What the gates judge of a comparison (`analysis.load.run_facts` gives it a run's)."""
+    facts = [_variant_facts(arm) for arm in summary.arms]
+    overall = None
+    if summary.overall is not None:
+        overall = VariantFacts(
+            "overall",
+            passed=sum(arm.passed for arm in summary.arms),
+            failed=sum(arm.failed for arm in summary.arms),
+            errors=sum(arm.errors for arm in summary.arms),
+            agent_errors=sum(arm.agent_errors for arm in summary.arms),
+            rate=summary.overall.estimate,
+            low=summary.overall.low,
+            high=summary.overall.high,
+        )
+    return RunFacts(
+        facts, summary.baseline or None, list(suites), overall, summary.method, summary.baseline_problem
+    )
+
+
+def _variant_facts(arm: ArmSummary) -> VariantFacts:
+    versus = arm.versus
+    return VariantFacts(
+        arm.key,
+        passed=arm.passed,
+        failed=arm.failed,
+        errors=arm.errors,
+        agent_errors=arm.agent_errors,
+        rate=arm.pass_rate,
+        low=arm.low,
+        high=arm.high,
+        low_if_errors_fail=arm.rate_if_errors_fail_low,
+        versus=VersusFacts(
+            clusters=versus.clusters,
+            baseline_rate=versus.baseline_rate,
+            arm_rate=versus.arm_rate,
+            delta=versus.delta,
+            low=versus.low,
+            high=versus.high,
+            p_holm=versus.p_holm,
+            untested=versus.untested,
+            low_if_errors_fail=versus.delta_if_errors_fail_low,
+            detectable=versus.mde,
+        )
+        if versus
+        else None,
+    )
 
 
 def validate_gates(gates: list[Any]) -> list[dict]:
@@ -156,15 +210,26 @@ def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, s
         return name, False, targets
     passed, parts = True, []
     for variant in targets:
-        if variant.rate is None:
+        if variant.rate is None or variant.low is None or variant.high is None:
             passed = False
             parts.append(f"{variant.slug}: no graded trial")
             continue
         judged = variant.low if bound else variant.rate
-        ok = judged is not None and judged >= gate.value
-        passed &= ok
+        ok = judged >= gate.value
         figure = f"{variant.slug}: {variant.rate:.1%} [{variant.low:.1%}, {variant.high:.1%}]"
-        if bound and ok:
+        if (
+            bound
+            and ok
+            and variant.low_if_errors_fail is not None
+            and variant.low_if_errors_fail < gate.value
+        ):
+            ok = False
+            parts.append(
+                f"{figure}: cannot decide: its lower bound {variant.low:.1%} reaches {gate.value:.1%}, but "
+                f"with every infrastructure error a fail it is {variant.low_if_errors_fail:.1%}: the "
+                f"{variant.tally.infra_errors} errors could hide fails (run them again)"
+            )
+        elif bound and ok:
             parts.append(f"{figure}: its lower bound {variant.low:.1%} reaches {gate.value:.1%}")
         elif bound:
             parts.append(
@@ -174,6 +239,7 @@ def _min_pass_rate(gate: MinPassRateGate, facts: RunFacts) -> tuple[str, bool, s
             )
         else:
             parts.append(f"{figure}: the estimate is {'at least' if ok else 'below'} {gate.value:.1%}")
+        passed &= ok
     return name, passed, "; ".join(parts) + _method(facts)
 
 
@@ -200,13 +266,14 @@ def _max_error_share(gate: MaxErrorShareGate, facts: RunFacts) -> tuple[str, boo
 
 
 def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, str]:
-    form = f"margin {gate.margin:.0%}" if gate.margin else f"alpha {gate.alpha:g}"
-    name = f"no_regression vs {facts.baseline or 'baseline'} ({form}, {_scope(gate)})"
+    name = f"no_regression vs {facts.baseline or 'baseline'} (margin {gate.margin:.0%}, {_scope(gate)})"
     if gate.variant is not None and gate.variant == facts.baseline:
         return name, False, f"variant {gate.variant!r} is the baseline: name another variant"
     targets = _targets(gate, facts)
     if isinstance(targets, str):
         return name, False, targets
+    if facts.baseline_problem:
+        return name, False, facts.baseline_problem
     others = [v for v in targets if v.slug != facts.baseline]
     if not others:
         return name, False, "only the baseline ran: there is no variant to judge"
@@ -219,6 +286,7 @@ def _no_regression(gate: NoRegressionGate, facts: RunFacts) -> tuple[str, bool, 
 
 
 def _judge_regression(gate: NoRegressionGate, variant: VariantFacts) -> tuple[bool, str]:
+    """Non-inferiority: Δ's lower bound at least -margin, as measured and with every error a fail."""
     versus = variant.versus
     if versus is None:
         return False, "no unit graded in both arms, so there is no evidence it did not regress"
@@ -226,20 +294,32 @@ def _judge_regression(gate: NoRegressionGate, variant: VariantFacts) -> tuple[bo
         f"Δ {versus.delta * 100:+.1f} pp [{versus.low * 100:+.1f}, {versus.high * 100:+.1f}] "
         f"({versus.arm_rate:.1%} vs {versus.baseline_rate:.1%} over the same units)"
     )
+    detectable = (
+        f"the design detects |Δ| ≥ {versus.detectable * 100:.1f} pp"
+        if versus.detectable is not None
+        else f"{versus.clusters} paired clusters detect no Δ at all"
+    )
     if versus.clusters < gate.min_clusters:
         return False, (
             f"{figure} over only {versus.clusters} paired clusters, fewer than the {gate.min_clusters} "
-            "this gate needs as evidence"
+            f"this gate needs as evidence ({detectable})"
         )
-    if gate.margin is not None:
-        ok = versus.low >= -gate.margin
-        relation = "within" if ok else "beyond"
-        return ok, f"{figure}: the lower bound is {relation} the -{gate.margin * 100:.1f} pp margin"
-    if versus.p_adjusted is None:
-        return False, f"{figure}: not tested ({versus.untested or 'no valid test'})"
-    regressed = versus.delta < 0 and versus.p_adjusted < gate.alpha
-    verdict = "a significant regression" if regressed else "no significant regression"
-    return not regressed, f"{figure}, Holm p = {versus.p_adjusted:.3g}: {verdict}"
+    if versus.untested:
+        return False, f"{figure}: no valid comparison ({versus.untested})"
+    margin = -gate.margin
+    if versus.low < margin:
+        why = (
+            f"cannot decide: {detectable}, more than the {gate.margin * 100:.1f} pp margin (add tasks)"
+            if versus.detectable is None or versus.detectable > gate.margin
+            else f"its lower bound is beyond the -{gate.margin * 100:.1f} pp margin"
+        )
+        return False, f"{figure}: {why}"
+    if versus.low_if_errors_fail is not None and versus.low_if_errors_fail < margin:
+        return False, (
+            f"{figure}: cannot decide: with every infrastructure error a fail the lower bound is "
+            f"{versus.low_if_errors_fail * 100:+.1f} pp, beyond the margin (run the errors again)"
+        )
+    return True, f"{figure}: the lower bound is within the -{gate.margin * 100:.1f} pp margin ({detectable})"
 
 
 def _method(facts: RunFacts) -> str:

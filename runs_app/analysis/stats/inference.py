@@ -8,31 +8,35 @@ treats clusters, not trials, as the independent draws.
 - `rate_interval`: the unit-weighted mean pass rate (each unit weighs the same, however many
   trials it had) with a cluster-robust t interval, floored near 0% and 100%.
 - `difference_interval`: Δ = the same mean over units both arms graded, arm minus baseline,
-  which is exactly the difference of the two arms' rates over those units.
+  which is exactly the difference of the two arms' rates over those units; its interval is the
+  sign-flip test inverted and floored by the number of clusters, so p and interval agree.
 - `sign_flip_p`: the paired permutation test of Δ = 0 (exact where it can be enumerated).
 - `ratio_interval`: any ratio of cluster sums (mean score, cost per success, pass@k) with the
-  same cluster-robust t interval, unfloored.
+  same cluster-robust t interval, unfloored; `ratio_difference` the paired difference of two
+  such ratios (an arm's cost per trial or per pass minus the baseline's).
 
 Why these and not a bootstrap: a percentile bootstrap over 10 clusters covers 91-93% and its
 smallest p is 2/(B + 1). The t(C - 1) interval with the CR1 correction covers at least 94% from
 10 clusters up in `bench/stats_validity.py`, except where the outcome sits near 0 or 1 and the
 sample variance collapses; there the floor takes over: a continuity-corrected Wilson interval on
-the effective sample size for a rate, Newcombe's paired interval for Δ. The sign-flip test is a
-permutation test, so its false-positive rate is at most α whatever the number of clusters.
+the effective sample size for a rate. Δ's floor is sized by the clusters alone: an effect on a
+few tasks may be missing from a small sample however often each is repeated. The sign-flip test
+is a permutation test, so its false-positive rate is at most α whatever the number of clusters.
+`confidence_sequence` gives intervals valid at every moment of a run still going.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
 from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
 
-from runs_app.analysis.stats.intervals import newcombe_interval_z, wilson_cc_interval
+from runs_app.analysis.stats.intervals import wilson_cc_interval
 
 PassCount = tuple[int, int]
 
@@ -97,6 +101,48 @@ def ratio_interval(
     return Interval(theta, theta - half, theta + half, count, se)
 
 
+def ratio_difference(
+    arm: Sequence[tuple[float, float] | None],
+    baseline: Sequence[tuple[float, float] | None],
+    clusters: Sequence[Hashable],
+    confidence: float = 0.95,
+) -> Interval | None:
+    """θ_arm - θ_baseline over paired units, each θ a ratio of sums (cost per trial: Σ cost /
+    Σ trials; cost per passed trial: Σ cost / Σ passes), with a cluster-robust (CR1) t interval.
+
+    Per unit a (numerator, denominator) in each arm, or None where the arm did not run it: the
+    units with both are paired (a paired unit may have a zero denominator, a unit without a
+    pass: its cost still counts). The difference's linearised residual of cluster c is
+    e_c = (A_c - θ_a·B_c)/ΣB - (A'_c - θ_b·B'_c)/ΣB', so V = C/(C - 1)·Σ e_c² (the sandwich of
+    `ratio_interval`, for two ratios over the same clusters: their covariance counted, which is
+    what pairing gains). Unfloored: costs have no bound to floor against. None when no unit pairs
+    or an arm's denominators sum to 0; one cluster gives (θ, θ) and se None."""
+    rows = [(a, b, key) for a, b, key in zip(arm, baseline, clusters, strict=True) if a and b]
+    if not rows:
+        return None
+    sums: dict[Hashable, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for (na, da), (nb, db), key in rows:
+        cell = sums[key]
+        cell[0] += na
+        cell[1] += da
+        cell[2] += nb
+        cell[3] += db
+    cells = list(sums.values())
+    total_a, total_b = math.fsum(c[1] for c in cells), math.fsum(c[3] for c in cells)
+    if total_a <= 0 or total_b <= 0:
+        return None
+    theta_a = math.fsum(c[0] for c in cells) / total_a
+    theta_b = math.fsum(c[2] for c in cells) / total_b
+    estimate = theta_a - theta_b
+    count = len(cells)
+    if count < 2:
+        return Interval(estimate, estimate, estimate, count, None)
+    residuals = [(c[0] - theta_a * c[1]) / total_a - (c[2] - theta_b * c[3]) / total_b for c in cells]
+    se = math.sqrt(count / (count - 1) * math.fsum(e * e for e in residuals))
+    half = t_quantile(1 - (1 - confidence) / 2, count - 1) * se
+    return Interval(estimate, estimate - half, estimate + half, count, se)
+
+
 def rate_interval(
     units: Sequence[PassCount], clusters: Sequence[Hashable], confidence: float = 0.95
 ) -> Interval | None:
@@ -135,48 +181,207 @@ def rate_interval(
     return Interval(theta, max(0.0, low), min(1.0, high), count, main.se)
 
 
+class PairedDelta(NamedTuple):
+    """Δ with its interval and the p of Δ = 0, consistent by construction: the interval excludes
+    0 exactly when p < 1 - confidence."""
+
+    estimate: float
+    low: float
+    high: float
+    clusters: int
+    se: float | None  # the cluster-robust standard error (for the detectable effect)
+    p_value: float
+    exact: bool  # the sign-flip distribution was enumerated, not drawn
+
+
+def floored_mean_interval(
+    values: Sequence[float], clusters: Sequence[Hashable], confidence: float = 0.95
+) -> Interval:
+    """The mean of per-unit values in [0, 1] (pass@k) with the cluster-robust t interval, floored
+    as a rate's is: a continuity-corrected Wilson interval on the effective number of clusters
+    (θ(1 - θ)/V, capped at the clusters; the clusters themselves where V is 0), inside [0, 1]."""
+    main = ratio_interval(values, [1] * len(values), clusters, confidence)
+    if main is None:
+        raise ValueError("no values")
+    theta, count = main.estimate, main.clusters
+    if main.se is None or count < 2:
+        low, high = wilson_cc_interval(theta, max(1, count), _z_quantile(confidence))
+        return Interval(theta, low, high, count, main.se)
+    variance = main.se**2
+    effective = count if variance == 0 or theta in (0.0, 1.0) else min(count, theta * (1 - theta) / variance)
+    low, high = wilson_cc_interval(
+        theta, max(1.0, effective), t_quantile(1 - (1 - confidence) / 2, count - 1)
+    )
+    return Interval(theta, max(0.0, min(low, main.low)), min(1.0, max(high, main.high)), count, main.se)
+
+
 def difference_interval(
     baseline: Sequence[PassCount],
     arm: Sequence[PassCount],
     clusters: Sequence[Hashable],
     confidence: float = 0.95,
-) -> Interval | None:
-    """Δ = mean over units both arms graded of (y_arm - y_baseline), with its interval.
+    *,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> PairedDelta | None:
+    """Δ = mean over units both arms graded of (y_arm - y_baseline), its interval and its test.
 
-    1. The CR1 t interval of the per-unit differences (`ratio_interval`).
-    2. Floor: Newcombe's paired interval (method 10) on the expected 2×2 table of trial pairs,
-       each unit weighing m = min(n_baseline, n_arm) pairs split as if its trials were
-       independent: both = m·y_a·y_b, arm only = m·y_a(1 - y_b), and so on; with one repeat
-       this is the ordinary paired table. The result is the hull of both, inside [-1, 1].
+    1. Per cluster c: D_c = Σ over its units of (y_arm - y_baseline), m_c its units; Δ = ΣD/Σm.
+    2. The sign-flip test inverted: δ is in the interval when flipping the signs of the
+       clusters' D_c - δ·m_c does not make |Σ (D_c - δ·m_c)| unusual at 1 - confidence (every
+       sign pattern is equally likely when the clusters' differences are symmetric about δ).
+       Its p at δ = 0 is the paired test. With C clusters no p is below 2/2^C, so below
+       log2(2/α) clusters nothing is significant and the interval is [-1, 1].
+    3. Floor, sized by the number of clusters alone (never by trials: repeats of a task are not
+       independent draws): Δ ± ε with ε = 1 - (α/2)^(1/C). An effect confined to a share ε of
+       the tasks is absent from a sample of C of them with chance (1 - ε)^C = α/2, so no sample
+       pins Δ down closer than that, however many repeats each task has (`unseen_effect`). Its
+       p is the chance that an effect as large as |Δ| went unseen: 2(1 - |Δ|)^C.
+    4. Skew guard, past ENUMERATED_CLUSTERS clusters (below, the floor is wider than it could
+       be): the studentised (bootstrap-t) interval over the clusters (`_bootstrap_t`). When an
+       effect sits on a few tasks, the clusters' differences are skewed, and a sample that
+       happened to catch few of them shows both a smaller effect and a smaller spread: the
+       sign-flip bound on that side then misses about 4% of the time instead of 2.5%
+       (bench/stats_validity.py). Resampling the studentised Δ carries that link.
+    5. The interval is the hull of all, inside [-1, 1]; p is the largest of their p, so the
+       interval excludes 0 exactly when p < 1 - confidence.
     None when no unit was graded in both arms.
     """
     rows = [
-        (pb / nb, pa / na, min(na, nb), key)
+        (pb / nb, pa / na, key)
         for (pb, nb), (pa, na), key in zip(baseline, arm, clusters, strict=True)
         if nb and na
     ]
     if not rows:
         return None
-    main = ratio_interval(
-        [ya - yb for yb, ya, _, _ in rows], [1] * len(rows), [r[3] for r in rows], confidence
-    )
-    assert main is not None  # some unit was graded in both arms
-    q = (
-        _z_quantile(confidence)
-        if main.se is None
-        else t_quantile(1 - (1 - confidence) / 2, main.clusters - 1)
-    )
-    both = math.fsum(m * ya * yb for yb, ya, m, _ in rows)
-    arm_only = math.fsum(m * ya * (1 - yb) for yb, ya, m, _ in rows)
-    baseline_only = math.fsum(m * (1 - ya) * yb for yb, ya, m, _ in rows)
-    neither = math.fsum(m * (1 - ya) * (1 - yb) for yb, ya, m, _ in rows)
-    _, low, high = newcombe_interval_z(both, arm_only, baseline_only, neither, q)
-    # Newcombe's bounds are around the trial-weighted Δ; shift them onto the unit-weighted one.
-    shift = main.estimate - (arm_only - baseline_only) / (both + arm_only + baseline_only + neither)
-    low, high = low + shift, high + shift
-    if main.se is not None:
-        low, high = min(low, main.low), max(high, main.high)
-    return Interval(main.estimate, max(-1.0, low), min(1.0, high), main.clusters, main.se)
+    keys = list(dict.fromkeys(key for *_, key in rows))
+    index = {key: i for i, key in enumerate(keys)}
+    sums = np.zeros(len(keys))
+    sizes = np.zeros(len(keys))
+    for yb, ya, key in rows:
+        sums[index[key]] += ya - yb
+        sizes[index[key]] += 1
+    estimate = float(sums.sum() / sizes.sum())
+    alpha = 1 - confidence
+    main = ratio_interval(list(sums), list(sizes), keys, confidence)
+    se = main.se if main is not None else None
+    flips = _SignFlips(sums, sizes, draws, seed)
+    low, high = flips.interval(estimate, alpha)
+    flip_p, exact = flips.p_value(0.0), flips.exact
+    if not exact:  # at 0 the exact lattice is cheap: the headline p is never a draw's
+        tested = sign_flip_p(baseline, arm, clusters, draws=draws, seed=seed)
+        flip_p = max(flip_p, tested[0]) if tested else flip_p
+        exact = bool(tested and tested[1])
+    reach = unseen_effect(len(keys), alpha)
+    p_value = max(flip_p, unseen_effect_p(abs(estimate), len(keys)))
+    low, high = min(low, estimate - reach), max(high, estimate + reach)
+    if len(keys) > ENUMERATED_CLUSTERS:
+        boot_low, boot_high, boot_p = _bootstrap_t(sums, sizes, alpha, seed)
+        low, high, p_value = min(low, boot_low), max(high, boot_high), max(p_value, boot_p)
+    if p_value >= alpha:  # the two p agree on "not significant": so does the interval
+        low, high = min(low, 0.0), max(high, 0.0)
+    return PairedDelta(estimate, max(-1.0, low), min(1.0, high), len(keys), se, min(1.0, p_value), exact)
+
+
+# Above this many clusters the sign patterns are drawn, not enumerated.
+ENUMERATED_CLUSTERS = 16
+_CHUNK = 512
+RESAMPLES = 2_000  # of the bootstrap-t skew guard
+_RESAMPLE_CELLS = 2_000_000  # resamples × clusters drawn at once (16 MB of indices)
+
+
+def _bootstrap_t(sums: np.ndarray, sizes: np.ndarray, alpha: float, seed: int) -> tuple[float, float, float]:
+    """The bootstrap-t interval of Δ = ΣD/Σm over clusters, and its p of Δ = 0, consistent:
+    0 is outside the interval exactly when p < α.
+
+    1. Δ̂ and its CR1 standard error ŝ (as `ratio_interval`).
+    2. RESAMPLES seeded resamples of the clusters with replacement; each gives t* = (Δ* - Δ̂)/s*
+       (0 where s* is 0: a resample of identical clusters says nothing about the spread).
+    3. With k = ⌈α·B/2⌉: the interval is [Δ̂ - t*₍ₖ₎ŝ, Δ̂ - t*₍ₖ'₎ŝ], t*₍ₖ₎ the k-th largest t*
+       and t*₍ₖ'₎ the k-th smallest; p = 2·min(#(t* ≥ t₀), #(t* ≤ t₀))/B at t₀ = Δ̂/ŝ.
+    Hall (1992), "The Bootstrap and Edgeworth Expansion", §3.5: the studentised interval is
+    second-order correct where the mean is skewed. With ŝ = 0 it is the point Δ̂."""
+    count = len(sums)
+    total_m = float(sizes.sum())
+    estimate = float(sums.sum()) / total_m
+    residual = sums - estimate * sizes
+    se = math.sqrt(count / (count - 1) * float((residual**2).sum())) / total_m
+    if se == 0:
+        return estimate, estimate, 0.0 if estimate else 1.0
+    rng = np.random.default_rng(seed)
+    studentised = []
+    step = max(1, _RESAMPLE_CELLS // count)
+    for start in range(0, RESAMPLES, step):
+        picks = rng.integers(0, count, size=(min(step, RESAMPLES - start), count))
+        d, m = sums[picks], sizes[picks]
+        sum_d, sum_m = d.sum(axis=1), m.sum(axis=1)
+        delta = sum_d / sum_m
+        spread = ((d - delta[:, None] * m) ** 2).sum(axis=1)
+        s = np.sqrt(count / (count - 1) * spread) / sum_m
+        studentised.append(np.divide(delta - estimate, s, out=np.zeros_like(delta), where=s > 0))
+    t = np.sort(np.concatenate(studentised))
+    k = max(1, math.ceil(alpha * RESAMPLES / 2))
+    low, high = estimate - t[-k] * se, estimate - t[k - 1] * se
+    t0 = estimate / se
+    p_value = 2 * min(int((t >= t0).sum()), int((t <= t0).sum())) / RESAMPLES
+    return low, high, min(1.0, p_value)
+
+
+class _SignFlips:
+    """The sign-flip test of Δ = δ for every δ, on one set of sign patterns: all 2^C of them,
+    or `draws` seeded ones (the same for every δ, so p(δ) is one step function)."""
+
+    def __init__(self, sums: np.ndarray, sizes: np.ndarray, draws: int, seed: int):
+        self.total, self.size = float(sums.sum()), float(sizes.sum())
+        self.exact = len(sums) <= ENUMERATED_CLUSTERS
+        if self.exact:
+            patterns = ((np.arange(1 << len(sums))[:, None] >> np.arange(len(sums))) & 1) * 2 - 1
+            self.flipped_sums, self.flipped_sizes = patterns @ sums, patterns @ sizes
+        else:
+            rng = np.random.default_rng(seed)
+            flipped_sums, flipped_sizes = [], []
+            for start in range(0, draws, _CHUNK):
+                patterns = rng.integers(0, 2, size=(min(_CHUNK, draws - start), len(sums)), dtype=np.int8)
+                patterns = patterns * 2 - 1
+                flipped_sums.append(patterns @ sums)
+                flipped_sizes.append(patterns @ sizes)
+            self.flipped_sums, self.flipped_sizes = (
+                np.concatenate(flipped_sums),
+                np.concatenate(flipped_sizes),
+            )
+
+    def p_value(self, delta: float) -> float:
+        observed = abs(self.total - delta * self.size) * (1 - 1e-9) - 1e-12  # ties count
+        hits = int((np.abs(self.flipped_sums - delta * self.flipped_sizes) >= observed).sum())
+        if self.exact:
+            return hits / len(self.flipped_sums)
+        return (1 + hits) / (len(self.flipped_sums) + 1)
+
+    def interval(self, estimate: float, alpha: float) -> tuple[float, float]:
+        """The δ not rejected at `alpha`, by bisection from the estimate outwards."""
+        return self._bound(estimate, -1.0, alpha), self._bound(estimate, 1.0, alpha)
+
+    def _bound(self, inside: float, edge: float, alpha: float) -> float:
+        if self.p_value(edge) > alpha:
+            return edge
+        for _ in range(40):  # to 2^-40 of the range
+            middle = (inside + edge) / 2
+            if self.p_value(middle) > alpha:
+                inside = middle
+            else:
+                edge = middle
+        return inside
+
+
+def unseen_effect(clusters: int, alpha: float) -> float:
+    """The largest effect (on a share of the tasks, at most 1 on each) that a sample of
+    `clusters` tasks misses entirely with chance α/2: 1 - (α/2)^(1/C)."""
+    return 1 - (alpha / 2) ** (1 / max(1, clusters))
+
+
+def unseen_effect_p(effect: float, clusters: int) -> float:
+    """The two-sided chance that an effect of this size on a share of the tasks went unseen."""
+    return min(1.0, 2 * (1 - min(1.0, effect)) ** max(1, clusters))
 
 
 def sign_flip_p(
@@ -261,12 +466,80 @@ def _lattice_pmf(groups: list[tuple[int, int]], total: int) -> np.ndarray:
     return np.clip(np.fft.irfft(magnitude * np.exp(1j * phase), n=size)[: total + 1], 0, None)
 
 
-def detectable_effect(se: float, clusters: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest |Δ| a two-sided test at `alpha` detects with `power`, given Δ's standard
-    error over `clusters` clusters: (t(1 - α/2, C - 1) + t(power, C - 1))·se."""
-    df = max(1, clusters - 1)
-    return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se
+def detectable_effect(
+    se: float | None, clusters: int, alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest |Δ| the comparison's test detects with `power` at `alpha`, over `clusters`
+    clusters with Δ's standard error `se`: (t(1 - α/2, C - 1) + t(power, C - 1))·se, never below
+    the floor the number of clusters sets (`unseen_effect`); None when no Δ can be detected:
+    the sign-flip test cannot reach α below log2(2/α) clusters (p ≥ 2/2^C)."""
+    if clusters < 2 or 2.0 ** (1 - clusters) >= alpha:
+        return None
+    df = clusters - 1
+    from_spread = (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se if se else 0.0
+    return min(1.0, max(from_spread, unseen_effect(clusters, alpha)))
 
 
 def _z_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+
+
+def confidence_sequence(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """An anytime-valid interval for the mean of values in [-1, 1] (unit rates, or unit Δs),
+    given in the order they arrived: it holds at every moment at once, so a team may watch a
+    live run and stop when it excludes 0 without inflating its error rate (Waudby-Smith &
+    Ramdas 2023, the hedged capital process with predictable plug-in bets, §4).
+
+    1. For a candidate mean m, one gambler bets value after value that the values run above m,
+       another that they run below, never more than they can lose. Under the true mean each
+       one's capital is a nonnegative martingale, so it ever reaches 2/α with chance at most
+       α/2 (Ville's inequality); m is out once either has.
+    2. The upward gambler's capital falls as m rises and the downward one's grows, so the means
+       still in are one interval: from the largest m the first has ruled out to the smallest m
+       the second has. Each end is found by bisection on its own gambler.
+    3. Ruled out "at any moment so far" makes the interval the running intersection, which never
+       widens. Should the two ends cross (values that do not look like draws around one mean),
+       the interval of the current capital alone is given, which is also valid at every moment.
+    (-1, 1) before any value."""
+    x = (np.asarray(values, dtype=float) + 1) / 2  # onto [0, 1]
+    if not len(x):
+        return -1.0, 1.0
+    threshold = math.log(2 / (1 - confidence))
+    steps = np.arange(1, len(x) + 1)
+    mean_after = (0.5 + np.cumsum(x)) / (steps + 1)
+    spread = (0.25 + np.cumsum((x - mean_after) ** 2)) / (steps + 1)
+    spread_before = np.concatenate([[0.25], spread[:-1]])
+    bets = np.sqrt(2 * threshold / (spread_before * steps * np.log1p(steps)))
+
+    def capital(m: float, sign: int, so_far: bool) -> bool:
+        """Whether the gambler betting on `sign` has reached 2/α (ever, or now)."""
+        m = min(max(m, 1e-12), 1 - 1e-12)
+        cap = 0.5 / m if sign > 0 else 0.5 / (1 - m)
+        logs = np.cumsum(np.log1p(sign * np.minimum(bets, cap) * (x - m)))
+        return bool((logs.max() if so_far else logs[-1]) >= threshold)
+
+    def ends(so_far: bool) -> tuple[float, float]:
+        low = _last_true(lambda m: capital(m, 1, so_far))
+        high = 1 - _last_true(lambda m: capital(1 - m, -1, so_far))
+        return low, high
+
+    low, high = ends(so_far=True)
+    if low > high:
+        low, high = ends(so_far=False)
+    low, high = min(low, high), max(low, high)
+    return 2 * low - 1, 2 * high - 1
+
+
+def _last_true(ruled_out: Callable[[float], bool]) -> float:
+    """The edge in [0, 1] of a condition true up to it and false beyond it (0 when false at 0),
+    by bisection; the side where it is true is returned (the wider interval)."""
+    if not ruled_out(0.0):
+        return 0.0
+    inside, outside = 0.0, 1.0
+    for _ in range(40):
+        middle = (inside + outside) / 2
+        if ruled_out(middle):
+            inside = middle
+        else:
+            outside = middle
+    return inside

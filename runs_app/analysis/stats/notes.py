@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from runs_app.analysis.stats.comparison import Arm, Comparison, ComparisonData, Unit
+from runs_app.analysis.stats.comparison import Arm, ArmSummary, Comparison, ComparisonData, Unit
 
 # Below this many clusters an interval leans on its floor and the t quantile's width.
 FEW_CLUSTERS = 10
@@ -57,8 +57,62 @@ def untested_reason(data: ComparisonData, baseline: Arm, arm: Arm, units: list[U
     return ""
 
 
+def decision_words(decided: str, baseline: str, alpha: float, margin: float) -> str:
+    """What a Δ's anytime-valid interval lets a team do, in words (`compare.decision`)."""
+    stop = f"the run may stop now with its error rate still at most {alpha:g}"
+    return {
+        "better": f"decided: better than {baseline} ({stop})",
+        "worse": f"decided: worse than {baseline} ({stop})",
+        "not worse": f"decided: not worse than {baseline} by {margin * 100:g} pp or more ({stop})",
+    }.get(decided, "undecided: keep it running")
+
+
+def anytime_words(arm: ArmSummary, baseline: str, confidence: float) -> str:
+    """An arm's anytime-valid intervals (confidence sequences) in one line: what a team watching
+    a run that is still going may read and stop on (`evalrun`, reports)."""
+    level = f"{round(confidence * 100)}%"
+    text = (
+        f"{arm.label}: pass rate in [{arm.cs_low:.1%}, {arm.cs_high:.1%}] ({level} anytime-valid, "
+        f"{arm.cs_units} finished unit{'s' if arm.cs_units != 1 else ''})"
+    )
+    versus = arm.versus
+    if versus is not None:
+        text += (
+            f"; Δ vs {baseline} in [{versus.cs_low * 100:+.1f}, {versus.cs_high * 100:+.1f}] pp "
+            f"({versus.cs_units} paired unit{'s' if versus.cs_units != 1 else ''}): "
+            + decision_words(versus.decided, baseline, 1 - confidence, versus.margin)
+        )
+    return text
+
+
+def baseline_problem(data: ComparisonData, missing: str, baseline: ArmSummary | None) -> str:
+    """Why nothing can be compared with the baseline: it has no trial in the runs compared, or
+    none of its trials was graded. "" when it can be."""
+    run = data.runs[0].pk if data.runs else None
+    if missing:
+        return (
+            f"The baseline, {missing}, has no trial in run #{run}: no variant is compared with it, and "
+            "none with another in its place. Choose a baseline in the form above, or run it."
+        )
+    if baseline is None or baseline.units:
+        return ""
+    ended = [
+        f"{count} {what}"
+        for count, what in (
+            (baseline.infra_errors, "ended in infrastructure errors"),
+            (baseline.cancelled, "cancelled"),
+            (baseline.pending, "not finished"),
+        )
+        if count
+    ]
+    return (
+        f"The baseline, {baseline.label}, has no graded trial ({', '.join(ended) or 'no trial'}): no Δ "
+        "can be computed against it. Retry its errors or finish it, or choose another baseline."
+    )
+
+
 def warnings(data: ComparisonData, result: Comparison, units: list[Unit]) -> list[str]:
-    notes = []
+    notes = [result.baseline_problem] if result.baseline_problem else []
     for run in data.runs:
         if not run.is_final:
             notes.append(

@@ -33,7 +33,7 @@ from typing import Any
 from experiments_app.specs import claude_options as option_rules
 from experiments_app.specs import providers
 from experiments_app.specs.agent_kinds import KINDS
-from runs_app.engine.usage import Usage, estimate_cost
+from runs_app.engine.usage import Usage, estimate_cost, stored_cost
 
 from .base import (
     AgentEvent,
@@ -444,7 +444,7 @@ class ClaudeStreamParser(BaseParser):
             output_tokens=int(usage.get("output_tokens") or 0),
             cache_read_tokens=int(usage.get("cache_read_input_tokens") or 0),
             cache_creation_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-            cost_usd=float(obj.get("total_cost_usd") or 0.0),
+            cost_usd=stored_cost(obj.get("total_cost_usd")),
             turns=self._turns_at_end(obj),
         )
         if isinstance(obj.get("result"), str):

@@ -4,7 +4,7 @@ The run is a normal Run (the dashboard shows it); the worker processes execute i
 imports the task files (coder-eval YAML and Harbor task folders alike), launches (or resumes) the
 run, follows it, prints the comparison summary and writes the requested reports. Exit codes: 0
 every trial passed and every gate holds, 1 a trial failed or errored, a gate failed or the run
-was cancelled, 2 bad input; 130 on Ctrl-C.
+was cancelled (with `--plan`: the design can detect no effect), 2 bad input; 130 on Ctrl-C.
 """
 
 import contextlib
@@ -25,6 +25,8 @@ from experiments_app.models import Experiment
 from experiments_app.specs.resolve import OverrideError, parse_overrides
 from runs_app import control, preflight
 from runs_app.analysis import reports
+from runs_app.analysis.load import comparison
+from runs_app.analysis.stats import notes
 from runs_app.launching import LaunchError, LaunchOptions, launch_run, preview_trials, run_plan
 from runs_app.models import Run, Trial, TrialEvent
 
@@ -35,6 +37,7 @@ EVENT_LOOKBACK = 500
 WORKER_HINT_AFTER = 15.0
 CANCEL_WAIT_SECONDS = 60.0
 EXIT_BAD_INPUT = 2
+EXIT_REFUSED_PLAN = 1  # `--plan` of a design that can detect no effect
 PLAN_LINES = 30  # task × variant lines `--plan` prints before "and N more"
 EXIT_INTERRUPTED = 130
 
@@ -107,8 +110,9 @@ class Command(BaseCommand):
         parser.add_argument("-s", "--stream", choices=["full", "minimal"], help="print trial events live")
         parser.add_argument("--no-wait", action="store_true", help="print the run's id and URL, then exit")
         parser.add_argument(
-            "--plan", action="store_true", help="print the effect this run could detect, and start nothing"
-        )
+            "--plan", action="store_true",
+            help="print the effect this run could detect, and start nothing (exit 1: it can detect none)",
+        )  # fmt: skip
         parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write a JUnit XML report here")
         parser.add_argument("--report", type=Path, metavar="DIR", help="write report.md and report.json here")
         parser.add_argument("--log-file", type=Path, help="also write logs to this file")
@@ -248,6 +252,11 @@ class Command(BaseCommand):
             self.stdout.write(f"  pre-flight {row.level}: {row.line}")
         for note in report.notes:
             self.stdout.write(f"  pre-flight: {note}")
+        if plan.refused:
+            raise CommandError(
+                "this design cannot show a difference between the variants (see above): add tasks",
+                returncode=EXIT_REFUSED_PLAN,
+            )
 
     def _problems(self, title: str, problems: list[str]) -> str:
         return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems)
@@ -346,6 +355,7 @@ class Command(BaseCommand):
 
     def _wait(self, run: Run, stream: str | None, first_event: int, interrupted: list[int]) -> Run:
         progress = _Progress(self.stdout, tty=self.stdout.isatty() and not stream)
+        decisions = _Decisions(progress)
         events = _EventPrinter(self.stdout, run, stream, first_event) if stream else None
         started, cancel_deadline, hinted = time.monotonic(), None, False
         while True:
@@ -358,6 +368,7 @@ class Command(BaseCommand):
             )
             if run.is_final:
                 break
+            decisions.check(run)
             if interrupted and cancel_deadline is None:
                 self.stderr.write("\ncancelling the run (Ctrl-C again to stop waiting)…")
                 with contextlib.suppress(control.ControlRefused):  # it may have ended just now
@@ -398,6 +409,9 @@ class Command(BaseCommand):
         self.stdout.write(reports.render_text_table(report))
         for line in reports.quarantine_lines(report):
             self.stdout.write(line)
+        self.stdout.write("Anytime-valid intervals (valid however early the run stopped):")
+        for row in report["variants"]:
+            self.stdout.write(f"  {row['anytime']}")
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")
@@ -414,6 +428,13 @@ class _Progress:
 
     def __init__(self, out, tty: bool):
         self.out, self.tty, self.last = out, tty, None
+
+    def note(self, text: str) -> None:
+        """A line of its own, above the bar (which is drawn again after it)."""
+        if self.tty and self.last is not None:
+            self.out.write("")
+        self.out.write(text)
+        self.last = None
 
     def show(self, run: Run, running: int) -> None:
         state = (run.n_done, run.n_passed, run.n_failed, run.n_error, running)
@@ -434,6 +455,30 @@ class _Progress:
     def done(self) -> None:
         if self.tty:
             self.out.write("")
+
+
+class _Decisions:
+    """Says when a variant's anytime-valid interval of Δ decides it (or stops deciding it) while
+    the run goes on: those intervals hold at every moment, so the run may be stopped there
+    (Ctrl-C) without inflating its error rate. The comparison is computed at most every
+    EVERY_SECONDS, and only after a trial has finished."""
+
+    EVERY_SECONDS = 2.0
+
+    def __init__(self, progress: _Progress):
+        self.progress, self.seen, self.done, self.at = progress, {}, -1, 0.0
+
+    def check(self, run: Run) -> None:
+        if run.n_done == self.done or time.monotonic() - self.at < self.EVERY_SECONDS:
+            return
+        self.done, self.at = run.n_done, time.monotonic()
+        summary = comparison([run], criteria=False)
+        for arm in summary.others:
+            decided = arm.versus.decided if arm.versus else ""
+            if decided != self.seen.get(arm.key, ""):
+                words = notes.anytime_words(arm, summary.baseline_label, summary.confidence)
+                self.progress.note(f"anytime-valid: {words}")
+            self.seen[arm.key] = decided
 
 
 class _EventPrinter:

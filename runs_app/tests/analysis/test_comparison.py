@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from experiments_app.models import Bundle, Experiment, Task, TaskVersion, Variant
 from runs_app.analysis import exports, load, rollup
-from runs_app.analysis.stats import charts, compare, inference, intervals
+from runs_app.analysis.stats import charts, compare, inference, intervals, records
 from runs_app.models import CriterionResult, Run, Trial
 
 pytestmark = pytest.mark.django_db
@@ -150,15 +150,16 @@ def test_it_compares_over_paired_units_with_the_sign_flip_test():
     assert versus.units == 5
     assert (versus.baseline_rate, versus.arm_rate) == pytest.approx((3 / 5, 4 / 5))
     assert versus.delta == pytest.approx(versus.arm_rate - versus.baseline_rate) == pytest.approx(0.2)
-    assert versus.test == "sign-flip, exact"
+    assert versus.test == "sign-flip (exact), floored by the number of clusters"
     # With one repeat the sign-flip test is McNemar's exact test.
     assert versus.p_value == intervals.mcnemar_exact(2, 1) == 1.0 and versus.p_holm == 1.0
-    # Newcombe's paired interval is the floor: the hull contains it.
-    _, low, high = intervals.newcombe_paired_interval(2, 2, 1, 0)
-    assert versus.low <= low and versus.high >= high
-    # One trial a side is no evidence that a unit changed: nothing is listed.
-    assert versus.improved == [] and versus.regressed == []
-    assert versus.listed_by_chance == pytest.approx(0.05 * 5)
+    # The floor five clusters set: an effect on a few tasks may be missing from five of them.
+    reach = inference.unseen_effect(5, 0.05)
+    assert versus.low <= 0.2 - reach and versus.high >= 0.2 + reach
+    # The units that changed, read against what identical arms would show by chance: each
+    # discordant unit (pooled rate 1/2) shows a change either way a quarter of the time.
+    assert [d.unit for d in versus.improved] == ["t3", "t4"] and [d.unit for d in versus.regressed] == ["t2"]
+    assert versus.improved_by_chance == versus.regressed_by_chance == pytest.approx(3 * 0.25)
 
 
 def test_it_reports_score_duration_tokens_and_cost():
@@ -203,26 +204,30 @@ def test_it_gives_pass_at_k_and_pass_hat_k_with_repeats():
     assert base.flaky == ["a"]
 
 
-def test_a_unit_with_fewer_graded_trials_leaves_only_the_larger_k():
-    outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}}
+def test_pass_at_k_is_over_one_set_of_units_for_every_k():
+    outcomes = {"a": {"base": "PPF"}, "b": {"base": "PEF"}, "c": {"base": "FFP"}}
     base = arm(load.compare_runs([make_run(make_experiment(), outcomes)]), "base")
-    # b has 2 graded trials: it counts for k = 1, 2; k = 3 is a's alone (pass@3 1, pass^3 0).
-    assert base.pass_at_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1.0, 3: 1.0})
-    assert base.pass_hat_k == pytest.approx({1: (2 / 3 + 1 / 2) / 2, 2: 1 / 6, 3: 0.0})
-    assert base.pass_at_k_units == {1: 2, 2: 2, 3: 1}
+    # b lost a trial to an error: the curve is over a and c (3 graded trials, the usual count)
+    # at every k, so it cannot bend because a different set of units enters at some k.
+    assert base.pass_at_k == pytest.approx({1: 1 / 2, 2: (1 + 2 / 3) / 2, 3: 1.0})
+    assert base.pass_hat_k == pytest.approx({1: 1 / 2, 2: 1 / 6, 3: 0.0})
+    assert base.pass_at_k_units == {1: 2, 2: 2, 3: 2}
+    # Floored: never a zero-width interval, inside [0, 1].
+    assert all(0 <= base.pass_at_k_low[k] < base.pass_at_k[k] <= base.pass_at_k_high[k] <= 1 for k in (1, 2))
 
 
 def test_it_tests_the_paired_difference_over_units_with_repeats():
     versus = arm(load.compare_runs([make_run(make_experiment(), REPEATS)]), "new").versus
-    assert versus.test == "sign-flip, exact"
+    assert versus.test == "sign-flip (exact), floored by the number of clusters"
     # Per-unit differences 1/3, 1/3, 0: Δ is their mean; two equal non-zero differences flip
-    # to the same |sum| in 2 of 4 sign patterns.
+    # to the same |sum| in 2 of 4 sign patterns (p 1/2), but three clusters could miss an effect
+    # of 2/9 with chance 2(1 - 2/9)^3: that is the p.
     assert versus.delta == pytest.approx(2 / 9)
     assert versus.low <= versus.delta <= versus.high
-    assert versus.p_value == pytest.approx(0.5)
-    assert versus.mde is not None and versus.mde > 0
-    # 2/3 against 3/3 on one unit is not significant on its own.
-    assert versus.improved == [] and versus.regressed == []
+    assert versus.p_value == pytest.approx(max(0.5, 2 * (7 / 9) ** 3))
+    # Three clusters cannot reach p < 0.05 (2/2^3 = 1/4): nothing is detectable.
+    assert versus.mde is None
+    assert [d.unit for d in versus.improved] == ["a", "b"] and versus.regressed == []
 
 
 def test_it_never_gives_a_zero_width_interval_when_every_unit_agrees():
@@ -405,12 +410,13 @@ def test_it_leaves_replaced_attempts_out():
 
 def test_it_summarises_as_flat_rows_and_json_ready_data():
     result = load.compare_runs([make_run(make_experiment(), REPEATS)])
-    rows = result.summary_rows()
+    rows = records.csv_rows(result)
     assert [row["arm"] for row in rows] == ["base", "new"]
     assert rows[1]["delta"] == pytest.approx(2 / 9) and rows[0]["delta"] is None
-    assert rows[0]["pass@3"] == pytest.approx(2 / 3)
-    data = result.to_dict()
-    assert data["arms"][1]["versus"]["test"] == "sign-flip, exact"
+    assert rows[0]["pass_at_k_3"] == pytest.approx(2 / 3)
+    data = records.comparison_record(result)
+    assert data["arms"][1]["test"] == "sign-flip (exact), floored by the number of clusters"
+    assert list(data["arms"][1]) == list(data["arms"][0]) and "pass_at_k" in data["arms"][0]
     assert data["cluster"] == "unit" and "cluster-robust t" in data["method"]
 
 
@@ -429,8 +435,49 @@ def test_it_draws_valid_plotly_figures():
     assert bars["error_y"]["arrayminus"][0] == pytest.approx(base.pass_rate - base.low)
     forest = figures["chart-forest"]["data"][0]
     assert forest["y"] == ["new"] and forest["x"] == pytest.approx([2 / 9])
-    cost = figures["chart-cost"]["data"][0]
+    frontier, cost = figures["chart-cost"]["data"]
     assert cost["x"] == pytest.approx([0.5, 0.5])
+    # Same cost, new passes more often: base is beaten on both, hollow, off the frontier.
+    assert frontier["y"] == pytest.approx([7 / 9]) and cost["marker"]["symbol"] == ["circle-open", "circle"]
+
+
+def test_the_pareto_front_keeps_the_arms_no_other_beats_on_both():
+    def summary(key, rate, cost):
+        return charts.ArmSummary(**{**_blank_arm(key), "pass_rate": rate, "cost": cost, "trials": 10})
+
+    arms = [summary("cheap", 0.4, 1.0), summary("dear", 0.8, 5.0), summary("worse", 0.5, 6.0),
+            summary("tied", 0.4, 1.0), summary("middle", 0.6, 3.0)]  # fmt: skip
+    assert [arm.key for arm in charts.pareto_front(arms)] == ["cheap", "tied", "middle", "dear"]
+
+
+def _blank_arm(key: str) -> dict:
+    fields = dict.fromkeys(charts.ArmSummary.__dataclass_fields__)
+    counts = ("trials", "passed", "failed", "errors", "agent_errors", "cancelled", "tampered", "pending")
+    fields.update(dict.fromkeys(counts, 0), key=key, label=key, run_id=1, variant_slug=key)
+    fields.update(is_baseline=False, interval="", flaky=[], not_comparable=[], tokens=0)
+    fields.update(answerer_cost=0.0, judge_cost=0.0, units=1, clusters=1)
+    fields.update(pass_at_k={}, pass_at_k_low={}, pass_at_k_high={}, pass_at_k_units={}, pass_hat_k={})
+    fields.update(versus=None, cs_low=0.0, cs_high=1.0, cs_units=0)
+    return fields
+
+
+def test_cost_deltas_are_paired_ratios_over_the_same_units():
+    costs = {
+        ("a", "base", 0): 1.0, ("a", "base", 1): 1.0, ("a", "new", 0): 2.0, ("a", "new", 1): 2.0,
+        ("b", "base", 0): 3.0, ("b", "base", 1): 1.0, ("b", "new", 0): 2.0, ("b", "new", 1): 6.0,
+        ("c", "base", 0): 1.0, ("c", "base", 1): 1.0, ("c", "new", 0): 1.0, ("c", "new", 1): 3.0,
+        ("d", "new", 0): 9.0,
+    }  # fmt: skip
+    outcomes = {"a": {"base": "PF", "new": "PP"}, "b": {"base": "PP", "new": "FP"},
+                "c": {"base": "FF", "new": "PE"}, "d": {"new": "P"}}  # fmt: skip
+    result = load.compare_runs([make_run(make_experiment(), outcomes, baseline="base", cost_usd=costs)])
+    versus = arm(result, "new").versus
+    # Over a, b, c (d has no baseline): per trial 16/6 - 8/6; per pass 16/4 - 8/3.
+    assert versus.cost_delta == pytest.approx(16 / 6 - 8 / 6)
+    assert versus.cost_per_pass_delta == pytest.approx(16 / 4 - 8 / 3)
+    assert versus.cost_delta_low < versus.cost_delta < versus.cost_delta_high
+    new = arm(result, "new")
+    assert new.mean_cost == pytest.approx(25 / 7) and new.mean_cost_low < new.mean_cost < new.mean_cost_high
 
 
 def test_cross_run_and_long_labels_wrap_and_many_arms_lean_so_none_overlap():
@@ -446,7 +493,7 @@ def test_cross_run_and_long_labels_wrap_and_many_arms_lean_so_none_overlap():
     many = make_experiment(slug="many", variants=tuple(f"v{i}" for i in range(8)))
     result = load.compare_runs([make_run(many, {"a": {f"v{i}": "P" for i in range(8)}})])
     assert charts.pass_rate_figure(result)["layout"]["xaxis"]["tickangle"] == -40
-    assert charts.cost_figure(result)["data"][0]["mode"] == "markers"
+    assert charts.cost_figure(result)["data"][1]["mode"] == "markers"
     for figure in charts.figures(result).values():
         go.Figure(figure)
 
@@ -496,9 +543,9 @@ def test_arms_without_a_shared_unit_have_no_versus_anywhere():
     run = make_run(make_experiment(), {"a": {"base": "P"}, "b": {"new": "F"}})
     result = load.compare_runs([run])
     assert arm(result, "new").versus is None
-    row = result.summary_rows()[1]
+    row = records.csv_rows(result)[1]
     assert row["delta"] is None and row["p_value"] is None and row["paired_units"] is None
-    assert result.to_dict()["arms"][1]["versus"] is None
+    assert records.comparison_record(result)["arms"][1]["delta"] is None
 
 
 def test_a_running_run_shows_no_p_values():

@@ -38,14 +38,23 @@ def judge(gate: dict, run: RunFacts) -> dict:
 
 
 def versus(
-    delta: float, low: float, high: float, p: float | None = 0.01, clusters: int = 30, untested: str = ""
+    delta: float,
+    low: float,
+    high: float,
+    p: float | None = 0.01,
+    clusters: int = 30,
+    untested: str = "",
+    detectable: float | None = 0.04,
+    low_if_errors_fail: float | None = None,
 ):
-    return VersusFacts(clusters, 0.7, 0.7 + delta, delta, low, high, p, untested)
+    return VersusFacts(
+        clusters, 0.7, 0.7 + delta, delta, low, high, p, untested, low_if_errors_fail, detectable
+    )
 
 
 BASE = VariantFacts("base", passed=8, failed=2, rate=0.8, low=0.62, high=0.91)
 NEW = VariantFacts(
-    "new", passed=5, failed=4, error=1, rate=5 / 9, low=0.3, high=0.78, versus=versus(-0.3, -0.5, -0.1)
+    "new", passed=5, failed=4, errors=1, rate=5 / 9, low=0.3, high=0.78, versus=versus(-0.3, -0.5, -0.1)
 )
 
 
@@ -72,25 +81,51 @@ def test_min_pass_rate_may_judge_the_estimate_or_every_variant_together():
 
 
 def test_it_fails_a_pass_rate_gate_without_graded_trials_or_for_a_missing_variant():
-    only_errors = facts(VariantFacts("base", error=3))
+    only_errors = facts(VariantFacts("base", errors=3))
 
     assert judge({"type": "min_pass_rate", "value": 0.0}, only_errors)["passed"] is False
     missing = judge({"type": "min_pass_rate", "value": 0.5, "variant": "gone"}, facts(BASE))
     assert missing == {**missing, "passed": False, "detail": "variant 'gone' is not part of this run"}
 
 
-def test_no_regression_fails_on_a_significant_drop_only_when_there_is_evidence():
-    gate = {"type": "no_regression", "alpha": 0.05}
+def test_no_regression_is_a_non_inferiority_test_with_a_5_pp_margin_by_default():
+    gate = {"type": "no_regression"}
 
     dropped = judge(gate, facts(BASE, NEW))
-    assert dropped["passed"] is False and "a significant regression" in dropped["detail"]
-    assert "(70.0% vs 40.0% over the same units)" not in dropped["detail"]  # arm rate, then baseline
-    assert "(40.0% vs 70.0% over the same units)" in dropped["detail"]
-    not_significant = VariantFacts("new", 5, 4, versus=versus(-0.3, -0.6, 0.05, p=0.2))
-    assert judge(gate, facts(BASE, not_significant))["passed"] is True
+    assert dropped["passed"] is False and "beyond the -5.0 pp margin" in dropped["detail"]
+    assert "(40.0% vs 70.0% over the same units)" in dropped["detail"]  # arm rate, then baseline
+    assert dropped["name"].startswith("no_regression vs base (margin 5%")
+    # Not significant is not enough: the interval allows a drop of 60 pp.
+    unknown = VariantFacts("new", 5, 4, versus=versus(-0.3, -0.6, 0.05, p=0.2))
+    assert judge(gate, facts(BASE, unknown))["passed"] is False
     better = VariantFacts("new", 10, 0, versus=versus(0.2, 0.1, 0.3, p=0.001))
-    assert judge(gate, facts(BASE, better))["passed"] is True
-    assert judge({**gate, "alpha": 0.001}, facts(BASE, NEW))["passed"] is True
+    result = judge(gate, facts(BASE, better))
+    assert result["passed"] is True and "the design detects |Δ| ≥ 4.0 pp" in result["detail"]
+    # Only the comparison's 95% intervals can be judged.
+    with pytest.raises(ValidationError):
+        validate_gates([{**gate, "alpha": 0.01}])
+
+
+def test_no_regression_says_when_the_design_cannot_detect_its_margin():
+    weak = VariantFacts("new", 5, 4, versus=versus(-0.01, -0.3, 0.3, p=0.9, detectable=0.25))
+    result = judge({"type": "no_regression"}, facts(BASE, weak))
+    assert result["passed"] is False
+    assert "cannot decide: the design detects |Δ| ≥ 25.0 pp, more than the 5.0 pp margin" in result["detail"]
+    none = VariantFacts("new", 5, 4, versus=versus(-0.01, -1, 1, p=1, detectable=None))
+    assert (
+        "30 paired clusters detect no Δ at all"
+        in judge({"type": "no_regression"}, facts(BASE, none))["detail"]
+    )
+
+
+def test_no_regression_holds_with_every_infrastructure_error_a_fail_or_cannot_decide():
+    hides = VariantFacts("new", 7, 3, versus=versus(0.0, -0.03, 0.03, low_if_errors_fail=-0.2))
+    result = judge({"type": "no_regression"}, facts(BASE, hides))
+    assert result["passed"] is False
+    assert (
+        "cannot decide: with every infrastructure error a fail the lower bound is -20.0 pp"
+        in result["detail"]
+    )
 
 
 def test_no_regression_fails_without_enough_paired_evidence():
@@ -110,8 +145,8 @@ def test_no_regression_fails_without_enough_paired_evidence():
     on_baseline = judge({**gate, "variant": "base"}, facts(BASE, NEW))
     assert on_baseline["passed"] is False and "is the baseline" in on_baseline["detail"]
     assert judge(
-        {**gate, "min_clusters": 5},
-        facts(BASE, VariantFacts("new", 3, 3, versus=versus(0, -0.1, 0.1, p=1, clusters=6))),
+        {**gate, "min_clusters": 5, "margin": 0.15},
+        facts(BASE, VariantFacts("new", 3, 3, versus=versus(0, -0.1, 0.1, p=1, clusters=6, detectable=0.1))),
     )["passed"]
 
 
@@ -124,14 +159,20 @@ def test_no_regression_with_a_margin_is_a_non_inferiority_check():
     wide = VariantFacts("new", 7, 3, versus=versus(-0.01, -0.12, 0.1, p=0.8))
     result = judge(gate, facts(BASE, wide))
     assert result["passed"] is False and "beyond the -5.0 pp margin" in result["detail"]
-    assert result["name"].startswith("no_regression vs base (margin 5%")
+    assert judge({**gate, "margin": 0.15}, facts(BASE, wide))["passed"] is True
+
+
+def test_min_pass_rate_cannot_decide_when_the_errors_could_hide_fails():
+    hiding = VariantFacts("base", 8, 2, errors=5, rate=0.8, low=0.62, high=0.91, low_if_errors_fail=0.4)
+    result = judge({"type": "min_pass_rate", "value": 0.6}, facts(hiding))
+    assert result["passed"] is False and "cannot decide" in result["detail"]
 
 
 def test_it_caps_the_error_share_at_the_boundary():
     run = facts(
-        VariantFacts("base", passed=9, error=1),
-        VariantFacts("new", passed=7, error=3),
-        overall=VariantFacts("overall", passed=16, error=4),
+        VariantFacts("base", passed=9, errors=1),
+        VariantFacts("new", passed=7, errors=3),
+        overall=VariantFacts("overall", passed=16, errors=4),
     )
 
     assert judge({"type": "max_error_share", "value": 0.1, "variant": "base"}, run)["passed"] is True
@@ -231,7 +272,7 @@ def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
         "alpha": 0.05,
         "variant": None,
         "name": None,
-        "margin": None,
+        "margin": 0.05,
         "min_clusters": 2,
         "cluster": "unit",
     }
@@ -245,9 +286,10 @@ def test_it_stores_the_gates_and_judges_them_when_the_run_ends(tmp_path):
 
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED
-    assert [gate["passed"] for gate in run.gate_results] == [True, True, False]
-    # 3 tasks, all lost by no-op: the sign-flip p = 2/8 is not significant (Holm over one test).
-    assert "Holm p = 0.25" in run.gate_results[1]["detail"]
+    assert [gate["passed"] for gate in run.gate_results] == [True, False, False]
+    # 3 tasks, all lost by no-op: a drop of 100 pp, and 3 clusters could show no margin anyway
+    # (not significant used to pass this gate).
+    assert "3 paired clusters detect no Δ at all" in run.gate_results[1]["detail"]
     assert run.gates_passed is False
 
 
@@ -258,10 +300,13 @@ def test_a_gate_may_cluster_units_by_task():
 
     rows = {("ds", v, i): f"r{i}" for v in ("base", "new") for i in range(12)}
     run = make_run(make_experiment(), {"ds": {"base": "P" * 12, "new": "P" * 12}}, dataset_row_id=rows)
-    gates = validate_gates([{"type": "no_regression"}, {"type": "no_regression", "cluster": "task"}])
+    # 12 paired clusters cannot show a 5 pp margin (an effect on a few rows could be unseen in
+    # 12: the interval is about ±26 pp); a 30 pp one they can.
+    gate = {"type": "no_regression", "margin": 0.3}
+    gates = validate_gates([gate, {**gate, "cluster": "task"}])
 
     by_unit, by_task = evaluate_gates(gates, run_facts(run, [], {"task"}))
 
-    assert by_unit["passed"] is True  # 12 rows are 12 paired clusters
+    assert by_unit["passed"] is True, by_unit["detail"]  # 12 rows are 12 paired clusters
     assert by_task["passed"] is False and "only 1 paired clusters" in by_task["detail"]
     assert by_task["name"].endswith("[clustered by task]") and "units clustered by task" in by_task["detail"]

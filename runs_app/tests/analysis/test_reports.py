@@ -68,9 +68,9 @@ def test_it_summarises_counts_comparison_and_gates(finished_run):
     report = reports.build_report(finished_run)
 
     reference, no_op = report["variants"]
-    assert (reference["variant"], reference["passed"], reference["error"]) == ("reference", 2, 1)
+    assert (reference["variant"], reference["passed"], reference["errors"]) == ("reference", 2, 1)
     assert (no_op["passed"], no_op["failed"], no_op["paired_units"]) == (0, 3, 2)
-    assert no_op["delta"] == -1.0 and no_op["p_adjusted"] == 0.5  # McNemar on 2 discordant pairs
+    assert no_op["delta"] == -1.0 and no_op["p_holm"] == 0.5  # McNemar on 2 discordant pairs
     # Errors are never fails: reference is 2/2 on what it graded, but the error share gate fails.
     assert [gate["passed"] for gate in report["gates"]] == [True, False]
     assert report["gates_passed"] is False

@@ -468,3 +468,14 @@ def test_it_looks_for_the_cli_in_config_env_node_modules_then_path(fake_claude, 
     assert binary({}) == str(local)
     local.unlink()
     assert binary({}) == os.path.join(on_path, "claude")
+
+
+@pytest.mark.parametrize("reported", ["NaN", "Infinity", "-1", '"12"', "null"])
+def test_a_total_cost_that_is_not_a_finite_amount_is_stored_as_unknown(reported):
+    line = (SAMPLES / "claude-json-fix.json").read_text().strip()
+    parser, _ = feed("claude-json-fix.json")
+    broken = ClaudeStreamParser()
+    # Python's json reads NaN and Infinity: the parser must not pass them on as a cost.
+    broken.feed_line(line.replace('"total_cost_usd":0.012105000000000001', f'"total_cost_usd":{reported}'))
+    assert '"total_cost_usd":0.012105000000000001' in line
+    assert broken.usage.cost_usd == 0.0 and parser.usage.cost_usd == pytest.approx(0.012105)

@@ -123,15 +123,16 @@ def test_it_lists_changed_and_flaky_tasks_up_to_a_limit(member_client, monkeypat
     monkeypatch.setattr(compare_views, "TASK_LIST_LIMIT", 1)
     outcomes = {
         "a": {"base": "FFFFF", "new": "PPPPP"},
-        "b": {"base": "FFFFF", "new": "PPPPF"},  # Fisher's p = 0.048: listed
+        "b": {"base": "FFFFF", "new": "PPPPF"},
         "c": {"base": "PFPFP", "new": "PFPFP"},
-        "d": {"base": "FF", "new": "PP"},  # 2 trials a side can never reach α: not listed
+        "d": {"base": "FF", "new": "PP"},
     }
     page = member_client.get(compare_url(make_run(make_experiment(), outcomes))).content.decode()
-    assert "new: ↑ 2 improved · ↓ 0 regressed" in page
-    assert "at most 0.2 expected by chance" in page
-    # Largest change first: a (0/5 -> 5/5) shown, b left to "1 more".
-    assert "<li>a <span" in page and "<li>b <span" not in page and "and 1 more" in page
+    # Every unit whose rate moved is listed, read against what identical arms would show.
+    assert "new: ↑ 3 improved · ↓ 0 regressed" in page
+    assert "by chance alone, with identical arms:" in page
+    # Largest change first: a and d (0 -> 100%) shown, the rest left to "2 more".
+    assert "<li>a <span" in page and "<li>b <span" not in page and "and 2 more" in page
     assert "base: 1 flaky" in page and "new: 2 flaky" in page
 
 
@@ -144,7 +145,7 @@ def test_it_downloads_the_summary_as_csv_and_json(member_client, run):
         ("new", "2", "1"),
     ]
     data = member_client.get(compare_url(run, format="json", table="summary")).json()
-    assert data["baseline"] == "base" and data["arms"][1]["versus"]["units"] == 3
+    assert data["baseline"] == "base" and data["arms"][1]["paired_units"] == 3
 
 
 def test_it_streams_the_trials_as_csv_and_json(member_client, run):
@@ -261,3 +262,22 @@ def test_the_cost_columns_say_whose_calls_they_count(member_client):
     assert (arms["base"].answerer_cost, arms["base"].judge_cost) == (0.75, 0.0)
     assert (arms["new"].answerer_cost, arms["new"].judge_cost) == (0.0, 0.125)
     assert "$0.75" in page and "$0.12" in page
+
+
+def test_it_shows_cost_differences_with_intervals_and_the_pareto_frontier(member_client):
+    outcomes = {f"t{i}": {"base": "PF", "new": "PP"} for i in range(6)}
+    costs = {(f"t{i}", "new", r): 0.5 + 0.1 * i for i in range(6) for r in range(2)}
+    run = make_run(make_experiment(), outcomes, baseline="base", cost_usd=costs)
+
+    response = member_client.get(compare_url(run))
+
+    versus = response.context["comparison"].arm("new").versus
+    assert versus.cost_delta == pytest.approx(0.25) and versus.cost_delta_low < 0.25 < versus.cost_delta_high
+    page = response.content.decode()
+    assert "Δ cost / trial" in page and "Cost / trial (agent)" in page
+    low, high = versus.cost_delta_low, versus.cost_delta_high
+    assert f"${versus.cost_delta:+,.4f} [${low:+,.4f}, ${high:+,.4f}]" in page
+    figure = json.loads(page.split('id="chart-cost-data" type="application/json">')[1].split("</script>")[0])
+    frontier, points = figure["data"]
+    assert frontier["name"] == "Pareto frontier" and len(frontier["x"]) == 2  # neither beats the other
+    assert points["error_x"]["array"][1] > 0

@@ -35,7 +35,8 @@ def test_it_lists_experiments_with_their_last_run(member_client, django_assert_m
         Experiment.objects.create(slug=slug)
     member_client.get(reverse("experiment_list"))
 
-    with django_assert_max_num_queries(4):
+    # The experiments with their last runs, those runs, and their variants' rates (one each).
+    with django_assert_max_num_queries(6):
         response = member_client.get(reverse("experiment_list"))
 
     rows = {e.slug: e for e in response.context["experiments"]}
@@ -220,3 +221,15 @@ def test_the_workers_page_shows_clis_keys_and_capabilities(member_client):
     assert "claude-code: 2.0.1 (Claude Code)" in page
     assert '<span class="tag">openai</span>' in page
     assert "Keys for" in page and "Containers" in page
+
+
+def test_its_page_refuses_a_design_too_small_to_show_anything(member_client):
+    smoke_experiment()  # three tasks, two variants
+
+    response = member_client.get(reverse("experiment_detail", args=["smoke"]))
+
+    assert response.context["plan"].refused
+    body = response.content.decode()
+    assert 'data-testid="plan-refused"' in body
+    assert "3 units × 1 repeat per variant: cannot show any difference, whatever the agents do" in body
+    assert "At least 6 units are needed" in body

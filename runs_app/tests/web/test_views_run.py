@@ -358,3 +358,31 @@ def test_a_run_whose_code_version_has_no_worker_left_may_be_opened_to_any(member
     assert run.any_code_version and b"may now run its 5 waiting trials" in response.content
     # Sent again, to the shared queue: dispatch marked them (max_parallel of them) anew.
     assert run.trials.filter(status="queued", dispatched_at__isnull=False).count() == min(5, run.max_parallel)
+
+
+def test_a_running_run_shows_its_anytime_valid_intervals_and_what_they_decide(member_client):
+    from runs_app.tests.analysis.test_comparison import make_experiment, make_run
+
+    outcomes = {f"t{i:02d}": {"base": "FF", "new": "PP"} for i in range(12)}
+    outcomes["t99"] = {"base": "QQ", "new": "RQ"}  # still going: not in the sequence yet
+    run = make_run(make_experiment(), outcomes, baseline="base", status=Run.Status.RUNNING)
+
+    response = member_client.get(_url("run_detail", run))
+
+    rows = {row.variant.slug: row for row in response.context["variant_rows"]}
+    assert rows["new"].arm.cs_units == 12 and rows["new"].versus.decided == "better"
+    low, high = rows["new"].sequence
+    assert low < rows["new"].interval[0] and 0 < low < high == 1.0
+    body = response.content.decode()
+    assert body.count('data-testid="anytime"') == 2
+    assert 'data-decided="better"' in body and "decided: better" in body
+    assert f"Δ {100 * rows['new'].versus.cs_low:+.1f} to +100.0 pp" in body
+
+
+def test_an_undecided_run_says_so(member_client):
+    run = finish_run(launched_run(), ["passed", "failed", "passed"])
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, finished_at=None)
+
+    body = member_client.get(_url("run_detail", run)).content.decode()
+
+    assert 'data-decided=""' in body and "undecided" in body

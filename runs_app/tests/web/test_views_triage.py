@@ -12,6 +12,7 @@ from experiments_app.models import Quarantine, Task
 from runs_app import triage
 from runs_app.analysis import load, reports, rollup
 from runs_app.analysis.load import comparison
+from runs_app.analysis.stats import records
 from runs_app.analysis.triage import first_divergence
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent, TrialNote
 from runs_app.tests.web.builders import finish_run, launched_run
@@ -151,7 +152,7 @@ def test_a_quarantined_task_leaves_every_comparison_and_every_page_says_so(clien
     assert "slugify" not in [row.task.slug for row in after.rows] and len(after.rows) == 2
     [entry] = after.quarantined
     assert (entry["task"], entry["reason"], entry["by"]) == ("slugify", "its reference is wrong", "alice")
-    assert after.to_dict()["quarantined"] == [entry]
+    assert records.comparison_record(after)["quarantined"] == [entry]
     # The gates read the same numbers.
     assert [fact.passed for fact in load.run_facts(run, []).variants] == [2, 0]
     # Every page that shows the numbers says what they leave out.
