@@ -86,7 +86,7 @@ def database_from_url(name: str, url: str) -> dict:
         raise ImproperlyConfigured(f"{name} has a bad port number") from None
     options = dict(parse_qsl(parts.query))
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "evalsite.postgresql",  # Django's, with a pool that sees an outage at once
         "NAME": db_name,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -146,6 +146,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A view that cannot get a database connection answers 503 + Retry-After (evalsite/overload.py).
+    "evalsite.overload.UnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -196,6 +198,12 @@ DATABASE_URL = env_str("DATABASE_URL")
 # would pile up; streams give theirs back between checks. Size it against the server's
 # max_connections with the workers' (one per prefork process, a pool per WORKER_SLOTS process).
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=0)
+# A web process runs at most this many requests at once (live streams and static files aside); the
+# others wait their turn, in order, up to WEB_QUEUE_SECONDS, then get 503 + Retry-After
+# (evalsite/overload.py). Each runs in a thread holding a pooled connection: past the pool's
+# size, more would only wait for one (docs/deploy.md, "Sizing connections").
+WEB_MAX_IN_FLIGHT = env_int("WEB_MAX_IN_FLIGHT", 8, minimum=1)
+WEB_QUEUE_SECONDS = env_float("WEB_QUEUE_SECONDS", 10.0, minimum=0.1)
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
     # A worker host that drops off the network inside a transaction keeps its row locks (a run's
@@ -209,12 +217,18 @@ if DATABASE_URL:
         f"-c idle_in_transaction_session_timeout={idle}s -c tcp_keepalives_idle=30 "
         "-c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 -c tcp_user_timeout=60000",
     )
+    # A database host that does not answer (a cut network) fails a connection attempt after this
+    # long, instead of TCP's two minutes: the pool then says "database unreachable".
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "connect_timeout", env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1)
+    )
     if (os.environ.get("EVALSITE_ASGI") == "1" or WORKER_SLOTS) and DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
         DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": 1,
             "max_size": DATABASE_POOL_MAX_SIZE,
-            "timeout": env_int("DATABASE_POOL_TIMEOUT", 10, minimum=1),
+            # A request waits this long for a connection of a busy pool, then gets 503.
+            "timeout": env_int("DATABASE_POOL_TIMEOUT", 5, minimum=1),
         }
 else:
     DATABASES = {

@@ -50,7 +50,7 @@ def test_it_starts_on_the_embedded_default_without_any_environment():
 def test_it_parses_a_postgres_url_for_psycopg():
     database = database_from_url("DATABASE_URL", "postgres://eval:s%40cret@db.internal:6543/evalsite")
 
-    assert database["ENGINE"] == "django.db.backends.postgresql"
+    assert database["ENGINE"] == "evalsite.postgresql"
     assert (database["NAME"], database["USER"], database["PASSWORD"]) == ("evalsite", "eval", "s@cret")
     assert (database["HOST"], database["PORT"]) == ("db.internal", "6543")
 
@@ -67,7 +67,7 @@ def test_the_helpers_accept_good_values(monkeypatch):
 
 def test_it_configures_the_database_and_broker_this_process_was_given():
     if os.environ.get("DATABASE_URL"):
-        assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+        assert settings.DATABASES["default"]["ENGINE"] == "evalsite.postgresql"
     else:
         options = settings.DATABASES["default"]["OPTIONS"]
         assert options["transaction_mode"] == "IMMEDIATE" and options["timeout"] == 20

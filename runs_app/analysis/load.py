@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import Recent
 from experiments_app.models import TaskVersion, Variant
 from runs_app.analysis import rollup
@@ -140,7 +141,7 @@ def _default_baseline(runs: Sequence[Run], arms: list[Arm], variants: dict[int, 
 # baseline): computed once per tally version and kept a minute in this process, so a hundred
 # viewers of one run, or reloads of a 100k-trial comparison (a second of statistics), cost one.
 MEMO_SECONDS = 60.0
-_memo = Recent(MEMO_SECONDS, size=16)
+_memo = Recent(MEMO_SECONDS, size=16, before_wait=give_back_connection)
 
 
 def _state(runs: Sequence[Run]) -> tuple:

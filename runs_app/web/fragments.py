@@ -21,6 +21,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import KeyedLocks
 from runs_app import control, live
 from runs_app.models import Run, Trial
@@ -118,9 +119,9 @@ def filter_query(filters: dict) -> str:
 
 _lock = threading.Lock()
 _states: dict[int, tuple[int, float, RunState | None]] = {}
-_state_locks = KeyedLocks()
+_state_locks = KeyedLocks(before_wait=give_back_connection)
 _parts: dict[tuple, tuple[RunState, float, dict]] = {}
-_part_locks = KeyedLocks()
+_part_locks = KeyedLocks(before_wait=give_back_connection)
 
 
 def run_state(run_id: int) -> RunState | None:

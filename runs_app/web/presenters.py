@@ -10,6 +10,7 @@ from datetime import datetime
 import yaml
 from django.db.models import Count, Sum
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import Recent
 from experiments_app.models import Variant
 from experiments_app.specs import agent_kinds
@@ -21,7 +22,7 @@ from runs_app.models import Run, Trial, TrialEvent, UnitTally
 # The lists a team's viewers all load (home, runs, experiments), computed at most once a second
 # per web process: a hundred viewers cost one set of queries a second, and a list is at most a
 # second behind.
-LISTS = Recent(1.0)
+LISTS = Recent(1.0, before_wait=give_back_connection)
 
 
 @dataclass
