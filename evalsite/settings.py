@@ -430,6 +430,10 @@ SANDBOX_INODES = env_int("SANDBOX_INODES", 100_000, minimum=100)
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)
 TRIAL_MAX_ATTEMPTS = env_int("TRIAL_MAX_ATTEMPTS", 3, minimum=1)
+# How long a worker keeps trying to report a trial's outcome while the database cannot be reached
+# (its lease renewed meanwhile): a trial whose agent ran is reported, not run again. Past this,
+# the trial is left to the reaper, which runs it again once the database is back.
+TRIAL_REPORT_SECONDS = env_int("TRIAL_REPORT_SECONDS", 600, minimum=1)
 REAPER_INTERVAL_SECONDS = env_float("REAPER_INTERVAL_SECONDS", 15.0, minimum=0.5)
 # A queued trial whose dispatch message was not picked up in this time is dispatched again
 # (the filesystem broker loses messages a killed worker had fetched).

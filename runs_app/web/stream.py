@@ -50,16 +50,21 @@ def run_stream_update(
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
     The state is None when the run no longer exists. `sent` holds what this stream sent of
-    each part: a part unchanged since (the very same string) is not sent again."""
+    each part: a part unchanged since is not sent again. With `sent`, parts that change while
+    the counts do not (the banners: no worker, the broker unreachable) are sent too, within
+    fragments.KEPT_SECONDS."""
     state = run_state(run_id)
     if state is None:
         return None, None
-    if state == last_state:
+    if state == last_state and sent is None:
         return None, state
     parts = live_parts(run_id, state, filters or {}, oob=True)
-    changed = [parts[name] for name in PARTS if sent is None or sent.get(name) is not parts[name]]
+    # (A kept part is the very same string: `!=` then costs nothing.)
+    changed = [parts[name] for name in PARTS if sent is None or sent.get(name) != parts[name]]
     if sent is not None:
         sent.update({name: parts[name] for name in PARTS})
+    if not changed:
+        return None, state
     return for_viewer("".join(changed), request, csrf_token), state
 
 

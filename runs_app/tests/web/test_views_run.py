@@ -4,6 +4,7 @@ from django.urls import reverse
 from django.utils.timezone import now as timezone_now
 
 from runs_app.analysis import rollup
+from runs_app.engine import runner
 from runs_app.models import Run, Trial
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 
@@ -271,6 +272,73 @@ def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client, mon
     Worker.objects.filter(name="celery@host-a").update(code_version=run.code_version, hostname="host-a")
     alive = member_client.get(url).content.decode()
     assert 'data-testid="no-worker"' not in alive and "celery@host-a (0 running)" in alive
+
+
+@pytest.mark.django_db
+def test_a_run_whose_only_worker_died_mid_run_says_so_while_its_trials_count_as_running(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs_app.models import Trial, Worker
+
+    run = launched_run()
+    now = timezone.now()
+    Worker.objects.create(name="celery@host-a", last_seen_at=now - timedelta(minutes=2))
+    for trial in run.trials.order_by("pk")[:2]:
+        assert runner.claim(trial.pk, "celery@host-a:41")
+    Trial.objects.filter(run=run, status="running").update(lease_expires_at=now - timedelta(seconds=90))
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    workers = member_client.get(reverse("worker_list")).content.decode()
+
+    assert 'data-testid="no-worker"' in page and "since 2" in page
+    assert "2 trials counted as running were on a worker that stopped" in page
+    assert 'data-testid="stranded"' in workers and "celery@host-a stopped renewing the leases of 2" in workers
+
+
+@pytest.mark.django_db
+def test_a_run_with_a_live_worker_says_which_trials_lost_theirs(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs_app.models import Trial, Worker
+
+    run = launched_run()
+    now = timezone.now()
+    Worker.objects.create(name="celery@host-b", code_version=run.code_version, last_seen_at=now)
+    trial = run.trials.order_by("pk").first()
+    assert runner.claim(trial.pk, "celery@host-a:41")
+    Trial.objects.filter(pk=trial.pk).update(lease_expires_at=now - timedelta(seconds=5))
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+
+    assert 'data-testid="no-worker"' not in page
+    assert "1 running trial lost its worker" in page
+
+
+@pytest.mark.django_db
+def test_the_run_and_workers_pages_say_when_the_broker_cannot_be_reached(member_client, monkeypatch):
+    import socket
+
+    from celery import current_app
+    from kombu import Connection
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(
+        current_app, "connection_for_write", lambda **kw: Connection(f"redis://127.0.0.1:{port}/0", **kw)
+    )
+    run = launched_run()
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    workers = member_client.get(reverse("worker_list")).content.decode()
+
+    assert 'data-testid="broker-down"' in page and f"127.0.0.1:{port}/0" in page
+    assert "Connection refused" in page and "Nothing is lost" in page
+    assert 'data-testid="broker-down"' in workers
 
 
 @pytest.mark.django_db
