@@ -79,7 +79,7 @@ def persistently(action: Callable[[], T], *, seconds: float, what: str) -> T:
                 )
             drop_connection()
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 2.0)
             continue
         if tries:
             logger.warning("%s: done after %d tries", what, tries + 1)
