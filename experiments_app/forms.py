@@ -22,7 +22,7 @@ from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_k
 from experiments_app.specs.bundles import read_bundle
 from experiments_app.specs.loading import layer_refs
 from experiments_app.specs.providers import PROVIDERS
-from experiments_app.specs.yaml_errors import unknown_key_problems
+from experiments_app.specs.yaml_errors import YamlRefused, load_yaml, unknown_key_problems
 
 Loc = tuple[str | int, ...]
 # Paths the create page owns below /experiments/, so no experiment may take these IDs.
@@ -69,7 +69,9 @@ class YamlField(forms.CharField):
         if not text.strip():
             return self.kind()
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
+        except YamlRefused as exc:
+            raise forms.ValidationError(f"refused: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark else ""

@@ -40,6 +40,115 @@ UNBUILT_CRITERIA = {
 # counted expanded, so an alias bomb ("billion laughs", 423 bytes) is refused before it is built.
 MAX_NODES = 100_000
 MAX_DEPTH = 40
+# A YAML file or text box is refused past this size before it is parsed (a task file is a few KB;
+# big data goes in the files it names).
+MAX_YAML_BYTES = 2 * 1024 * 1024
+
+
+class YamlRefused(yaml.YAMLError):
+    """YAML evalsite will not read: too large, too deep, an alias bomb or loop, a value its type
+    cannot hold. `line` is 1-based (None: the whole text)."""
+
+    def __init__(self, problem: str, line: int | None = None) -> None:
+        super().__init__(problem)
+        self.problem, self.line = problem, line
+
+    def __str__(self) -> str:
+        return self.problem if self.line is None else f"line {self.line}: {self.problem}"
+
+
+def load_yaml(text: str) -> Any:
+    """The one way evalsite reads YAML it is given (files, text boxes, overrides, imports):
+    `check_yaml` first, then libyaml builds the nodes, whose expansion is bounded, then the
+    values. Every refusal is a `yaml.YAMLError` (a `YamlRefused`, or a syntax error with its
+    mark); nothing else escapes, so a caller reports one error and its process lives on."""
+    refused = check_yaml(text)
+    if refused:
+        raise YamlRefused(refused[1], refused[0])
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if problem := _too_big(node):
+            raise YamlRefused(problem[1], problem[0])
+        return construct(loader, node)
+    finally:
+        loader.dispose()
+
+
+def check_yaml(text: str) -> tuple[int | None, str] | None:
+    """(line, problem) when the text is too large or nests deeper than MAX_DEPTH, found before
+    any node is built: building them recurses once per level, and PyYAML's C composer overflows
+    the C stack on ~100,000 nested `[` (a segfault: the web process or the import command gone),
+    its pure-Python one on ~500 (RecursionError). libyaml's parser keeps its own stack: its
+    events are counted here and the parse stops at the first level too deep."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        return None, f"the YAML is {size:,} bytes, more than the {MAX_YAML_BYTES:,} evalsite reads"
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else None
+                    return line, f"the YAML is nested more than {MAX_DEPTH} levels deep"
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return None  # a syntax error: reported by the load that follows, with its mark
+    return None
+
+
+def construct(loader: Any, node: yaml.Node | None) -> Any:
+    """The values of a checked node tree. A loop of aliases (`&a [*a]`) and a value its tag
+    cannot hold (`2024-02-30`, `!!int x`: PyYAML raises ValueError and the like) are refused
+    at their line."""
+    if node is None:
+        return None
+    if loop := _alias_loop(node):
+        raise YamlRefused("an alias refers to a value that contains it (a loop)", loop)
+    try:
+        return loader.construct_document(node)
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        raise YamlRefused(f"a value cannot be read as its type: {exc}", _failing_line(loader, node)) from None
+
+
+def _failing_line(loader: Any, node: yaml.Node) -> int | None:
+    """The line of the first value whose construction fails (after a failure: each tried alone)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, yaml.ScalarNode):
+            try:
+                loader.construct_object(current, deep=True)
+            except Exception:
+                return current.start_mark.line + 1
+        stack.extend(reversed(_children(current)))
+    return None
+
+
+def _alias_loop(node: yaml.Node) -> int | None:
+    """The line of a node that contains itself through an alias, if any (depth-first, no
+    recursion: the depth is bounded already, the walk is not)."""
+    done: set[int] = set()
+    path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        current, leaving = stack.pop()
+        if leaving:
+            path.discard(id(current))
+            done.add(id(current))
+            continue
+        if id(current) in path:
+            return current.start_mark.line + 1
+        if id(current) in done:
+            continue
+        path.add(id(current))
+        stack.append((current, True))
+        stack.extend((kid, False) for kid in _children(current))
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +213,8 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, SpecIssue(shown, None, "", f"cannot read the file: {exc}")
+    if refused := check_yaml(text):
+        return None, SpecIssue(shown, refused[0], "", refused[1])
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -113,13 +224,13 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
         duplicate = _duplicate_key(node)
         if duplicate:
             return None, SpecIssue(shown, duplicate[0], "", f"duplicate key {duplicate[1]!r} in a mapping")
-        data = loader.construct_document(node) if node is not None else None
+        data = construct(loader, node)
+    except YamlRefused as exc:
+        return None, SpecIssue(shown, exc.line, "", exc.problem)
     except yaml.MarkedYAMLError as exc:
         return None, _syntax_issue(shown, exc)
     except yaml.YAMLError as exc:
         return None, SpecIssue(shown, None, "", f"invalid YAML: {exc}")
-    except RecursionError:
-        return None, SpecIssue(shown, None, "", f"the YAML is nested more than {MAX_DEPTH} levels deep")
     finally:
         loader.dispose()
     return Doc(shown, abs_path, root, raw, text, node, data), None
@@ -339,7 +450,5 @@ def unknown_key_warnings(
             issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
         else:
             known_here = ", ".join(sorted(known))
-            issues.append(
-                doc.issue(loc, f"unknown key{hint} (known here: {known_here}; --lenient warns instead)")
-            )
+            issues.append(doc.issue(loc, f"unknown key{hint} (known here: {known_here})"))
     return issues
