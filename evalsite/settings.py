@@ -101,7 +101,9 @@ def database_from_url(name: str, url: str) -> dict:
 
 # Whatever the web process and the workers write (database, broker folders, media, secret key,
 # sandboxes) is theirs alone: a trial's sandbox, or another user of the host, must not read it.
-os.umask(0o077)
+# (The umask the process was started with stays known: files a person asks a command for, a
+# report or an export, are written with it: evalsite/files.py.)
+USER_UMASK = os.umask(0o077)
 VAR_DIR = Path(env_str("EVALSITE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 VAR_DIR.chmod(0o700)
@@ -124,8 +126,14 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # The address printed in links by the command line and reports (`evalrun`, `evalreport`): set it
-# to where people reach the site; `make run` sets it from HOST and PORT.
-SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+# to where people reach the site. `make run` serves at its HOST and PORT and writes that address
+# to var/site-url, so a command run from another shell of the same checkout links there.
+_SERVED_AT = VAR_DIR / "site-url"
+SITE_URL = (
+    env_str("SITE_URL")
+    or (_SERVED_AT.read_text().strip() if _SERVED_AT.is_file() else "")
+    or "http://127.0.0.1:8000"
+).rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -6,6 +6,8 @@ HOST="${1:-127.0.0.1}"
 PORT="${2:-8000}"
 PY=.venv/bin/python
 mkdir -p var/log
+# Where this server is: links printed by evalrun and evalreport from another shell point here.
+echo "${SITE_URL:-http://$HOST:$PORT}" > var/site-url
 $PY -m celery -A evalsite worker --loglevel=INFO --concurrency=2 -B \
   --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
 WORKER=$!

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from experiments_app.specs import CRITERION_TYPES, UNION_TAGS, AgentSpec, SpecError
+from experiments_app.specs.gates import gate_keys
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster when present
 
@@ -376,6 +377,8 @@ def _pydantic_issue(doc: Doc, loc: Loc, err: Any) -> SpecIssue:
         message = f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
     elif kind == "value_error":
         message = str(ctx.get("error", err["msg"]))
+    elif kind == "extra_forbidden":
+        message = extra_key_message(doc.data, loc)
     else:
         message = err["msg"].replace("Input should be", "expected", 1) + f", got {_short(err.get('input'))}"
     return SpecIssue(doc.shown, line, field_name(path), message)
@@ -427,15 +430,35 @@ def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[s
                     yield from _unknown_keys(item, (*loc, name, i))
 
 
+def unknown_key_message(key: str, known: list[str]) -> str:
+    """The one message for a key nothing reads, with the likely intended key."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key {key!r}{hint} (known here: {', '.join(sorted(known))})"
+
+
+def extra_key_message(data: Any, loc: Loc) -> str:
+    """A key a strict model (a gate) refuses, at `loc` of `data`, said as an unknown key anywhere
+    else is (pydantic's own words: "Extra inputs are not permitted")."""
+    known = gate_keys(value_at(data, loc[:-1])) if loc[:1] == ("gates",) else []
+    return unknown_key_message(str(loc[-1]), known)
+
+
+def value_at(data: Any, loc: Loc) -> Any:
+    """The value at `loc` in plain YAML data (None when there is none)."""
+    for key in loc:
+        found = isinstance(data, dict) and key in data
+        found = found or (isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data))
+        if not found:
+            return None
+        data = data[key]
+    return data
+
+
 def unknown_key_problems(model: BaseModel) -> list[tuple[Loc, str]]:
     """(location, message) of every unknown key of a validated model (for input that is not a
     YAML file: the experiment form), with the same "did you mean" as the importer's errors."""
-    problems = []
-    for loc, known in _unknown_keys(model):
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        problems.append((loc, f"unknown key {loc[-1]!r}{hint} (known here: {', '.join(sorted(known))})"))
-    return problems
+    return [(loc, unknown_key_message(str(loc[-1]), known)) for loc, known in _unknown_keys(model)]
 
 
 def unknown_key_warnings(
@@ -444,11 +467,10 @@ def unknown_key_warnings(
     """Every unknown key: an error naming the likely intended key, or with `lenient` a warning."""
     issues = []
     for loc, known in _unknown_keys(model, prefix):
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         if lenient:
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
         else:
-            known_here = ", ".join(sorted(known))
-            issues.append(doc.issue(loc, f"unknown key{hint} (known here: {known_here})"))
+            issues.append(doc.issue(loc, unknown_key_message(str(loc[-1]), known)))
     return issues

@@ -68,10 +68,11 @@ def launch_preview(experiment) -> tuple[list[tuple[str, int, str]], list[str]]:
     except LaunchError as exc:
         return [], exc.problems[:10]
     counts = Counter(trial.variant.slug for trial in trials)
-    first: dict[str, dict] = {}
+    first: dict[str, tuple[dict, dict]] = {}
     for trial in trials:
-        first.setdefault(trial.variant.slug, trial.config)
-    return [(slug, counts[slug], as_text(config_for_kind(config)[0])) for slug, config in first.items()], []
+        first.setdefault(trial.variant.slug, (trial.config, trial.lineage))
+    shown = [(slug, as_text(config_for_kind(*first[slug])[0])) for slug in first]
+    return [(slug, counts[slug], config) for slug, config in shown], []
 
 
 @login_required

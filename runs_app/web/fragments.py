@@ -45,6 +45,10 @@ TRIAL_SORTS = {
     "finished": ("recently finished", (F("finished_at").desc(nulls_last=True), "pk")),
     "slowest": ("slowest", (F("duration_seconds").desc(nulls_last=True), "pk")),
 }
+# The pager's links in each order (the previous page, the next).
+PAGER_WORDS = {
+    "": ("← earlier", "later →"), "finished": ("← newer", "older →"), "slowest": ("← slower", "faster →"),
+}  # fmt: skip
 
 PAGE_STALE_SECONDS = 1.0
 KEPT_SECONDS = 5.0
@@ -103,6 +107,7 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "trials": trials,
         "has_more": has_more,
         "page": page,
+        "pager_words": PAGER_WORDS[filters.get("sort") or ""],
         "next_query": urlencode({**query, "page": page + 1}),
         "prev_query": urlencode({**query, "page": page - 1}) if page > 1 else "",
         "filter_query": filter_query(filters),

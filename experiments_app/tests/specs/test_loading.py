@@ -278,6 +278,7 @@ BROKEN_EXPERIMENTS = [
     ("zero_repeats.yaml", 4, "defaults.repeats", "greater than or equal to 1, got 0"),
     ("two_prompt_changes.yaml", 6, "variants[0].initial_prompt", "set only one of"),
     ("missing_overlay.yaml", 7, "variants[1].template_sources[0].path", "'../overlays/fixed' not found"),
+    ("gate_typo.yaml", 5, "gates[0].varaint", "unknown key 'varaint'; did you mean 'variant'?"),
 ]
 
 

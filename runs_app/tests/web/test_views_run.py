@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -129,6 +131,11 @@ def test_it_pages_the_trial_table(member_client, monkeypatch):
     assert len(first.context["trials"]) == 4 and first.context["has_more"]
     assert len(second.context["trials"]) == 2 and not second.context["has_more"]
     assert not {t.pk for t in first.context["trials"]} & {t.pk for t in second.context["trials"]}
+    # The pager speaks of the order shown: launch order has no "older".
+    assert "later →" in first.content.decode() and "← earlier" in second.content.decode()
+    assert "older →" not in first.content.decode()
+    by_finish = member_client.get(_url("run_detail", run), {"sort": "finished"}).content.decode()
+    assert "older →" in by_finish
 
 
 def test_it_shows_a_finished_run_without_stream_or_polling(member_client):
@@ -374,6 +381,10 @@ def test_a_cancelled_run_says_how_many_ran_and_can_be_resumed(member_client, mem
 
     page = member_client.get(url).content.decode()
     assert "1 of 6 trials ran, 5 cancelled" in page and "Resume 5 cancelled" in page
+    # Each variant says what ran of it, not "done" counting the cancelled ones.
+    ran = [(int(n), int(total)) for n, total in re.findall(r'data-testid="ran">(\d+)/(\d+)', page)]
+    assert sum(n for n, _ in ran) == 1 and sum(total for _, total in ran) == 6, ran
+    assert page.count(" cancelled</div>") == len(ran)
 
     response = member_client.post(reverse("run_resume", args=[run.pk]))
 
