@@ -438,6 +438,10 @@ SANDBOX_INODES = env_int("SANDBOX_INODES", 100_000, minimum=100)
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)
 TRIAL_MAX_ATTEMPTS = env_int("TRIAL_MAX_ATTEMPTS", 3, minimum=1)
+# `migrate` gives up on a table lock after this long instead of stalling every read behind it while
+# a run is in flight (PostgreSQL: runs_app/management/commands/migrate.py; 0: wait as long as it
+# takes).
+MIGRATE_LOCK_TIMEOUT_SECONDS = env_float("MIGRATE_LOCK_TIMEOUT_SECONDS", 5.0, minimum=0.0)
 # How long a worker keeps trying to report a trial's outcome while the database cannot be reached
 # (its lease renewed meanwhile): a trial whose agent ran is reported, not run again. Past this,
 # the trial is left to the reaper, which runs it again once the database is back.
