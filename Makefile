@@ -105,10 +105,12 @@ demo: migrate
 	$(PY) manage.py import_tasks --set examples examples/tasks
 	$(PY) manage.py import_experiment examples/experiments/demo.yaml --root examples --keep-existing
 	$(PY) manage.py import_experiment examples/experiments/smoke.yaml --root examples --keep-existing
-	$(PY) manage.py ensure_admin
+	$(PY) manage.py ensure_admin --password-file var/admin-password
 
-# Web server and one Celery worker on the embedded default (SQLite + filesystem broker).
-run: demo agents sandbox
+# Web server and one Celery worker on the embedded default (SQLite + filesystem broker). The agent
+# CLIs (`make agents`, minutes on a fresh machine) install in the background once the site is up
+# (scripts/install_agents.sh; the Workers page shows how far it got).
+run: demo sandbox
 	@SITE_URL=$${SITE_URL:-http://$(HOST):$(PORT)} scripts/run_dev.sh $(HOST) $(PORT)
 
 worker: install sandbox

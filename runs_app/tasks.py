@@ -88,6 +88,9 @@ def _beat(name: str, slots: int) -> None:
                 trial_sandbox.sweep_sandboxes()
             except Exception:
                 logger.warning("sweeping sandbox folders failed", exc_info=True)
+            # CLIs installed since (`make run` installs them in the background): a cached answer
+            # per binary, so this costs a few stat calls when nothing changed.
+            versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
         try:
             now = timezone.now()
             Worker.objects.update_or_create(

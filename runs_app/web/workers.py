@@ -2,10 +2,13 @@
 page's banner (a run whose trials wait says whether any worker can take them, whether the broker
 answers, and which of its trials lost their worker)."""
 
+import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 from celery import current_app
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
@@ -13,6 +16,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from evalsite.agents_install import install_status
 from evalsite.db import give_back_connection
 from evalsite.keyed_locks import Recent
 from runs_app import control
@@ -112,5 +116,21 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     context = {
         "rows": rows, "by_host": list(by_host), "now": now, "broker": broker_problem(),
         "stranded": [(owner.rsplit(":", 1)[0], run_id, n) for owner, run_id, n in stranded],
+        "agents_install": agents_install(),
     }  # fmt: skip
     return render(request, "runs/workers.html", context)
+
+
+def agents_install() -> dict | None:
+    """How far `make run`'s background install of the agent CLIs got on this host (None: none
+    started, or done more than a day ago), with the end of its log when it failed."""
+    status = install_status(Path(settings.VAR_DIR))
+    if status is None or (status["state"] == "done" and time.time() - status.get("updated", 0) > 86400):
+        return None
+    if status["state"] == "failed":
+        try:
+            lines = (settings.BASE_DIR / status["log"]).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        status["log_tail"] = "\n".join(lines[-12:])
+    return status
