@@ -148,3 +148,21 @@ def test_the_pool_says_at_once_that_the_database_is_unreachable_and_probes_every
     assert first < 3, first
     assert refusals < 3, refusals  # one probe a second at most; the others refused at once
     assert pool.down_since is not None and "Connection refused" in pool.down_reason
+
+
+def test_a_stream_rides_out_a_check_that_finds_no_connection():
+    from runs_app.web import stream
+
+    class Busy:
+        done = False
+        calls = 0
+
+        def step(self) -> bytes:
+            self.calls += 1
+            if self.calls == 1:
+                raise _cause(PoolBusy("all 10 pooled connections stayed busy for 5 s"))
+            return b"event: update\ndata: x\n\n"
+
+    busy = Busy()
+    assert stream._checked(busy) == b"" and not busy.done  # nothing sent, the stream goes on
+    assert stream._checked(busy).startswith(b"event: update")  # the next check sends
