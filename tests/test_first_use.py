@@ -42,8 +42,7 @@ def test_a_missing_cli_says_it_is_on_its_way_while_make_run_installs_it(tmp_path
 @pytest.mark.django_db
 def test_the_workers_page_shows_the_background_install_and_why_it_failed(member_client, tmp_path, settings):
     settings.VAR_DIR = tmp_path
-    settings.BASE_DIR = tmp_path  # (the log path is the project's: var/log/agents.log)
-    (tmp_path / "var" / "log").mkdir(parents=True)
+    (tmp_path / "log").mkdir()
     _status(tmp_path)
 
     installing = member_client.get(reverse("worker_list")).content.decode()
@@ -51,9 +50,7 @@ def test_the_workers_page_shows_the_background_install_and_why_it_failed(member_
     assert 'data-testid="agents-install"' in installing and "step 2 of 4, Aider (PyPI)" in installing
     assert '<meta http-equiv="refresh" content="5">' in installing  # the page follows it, no JS needed
 
-    (tmp_path / "var" / "log" / "agents.log").write_text(
-        "--- opencode (npm)\nnpm ERR! <network> unreachable\n"
-    )
+    (tmp_path / "log" / "agents.log").write_text("--- opencode (npm)\nnpm ERR! <network> unreachable\n")
     _status(tmp_path, state="failed", done=4, failed="opencode (npm)")
     failed = member_client.get(reverse("worker_list")).content.decode()
 

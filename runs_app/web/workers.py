@@ -129,7 +129,8 @@ def agents_install() -> dict | None:
         return None
     if status["state"] == "failed":
         try:
-            lines = (settings.BASE_DIR / status["log"]).read_text(errors="replace").splitlines()
+            # (scripts/install_agents.sh writes var/log/agents.log: the VAR_DIR of `make run`)
+            lines = (Path(settings.VAR_DIR) / "log" / "agents.log").read_text(errors="replace").splitlines()
         except OSError:
             lines = []
         status["log_tail"] = "\n".join(lines[-12:])
