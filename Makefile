@@ -111,12 +111,14 @@ demo: migrate
 	$(PY) manage.py import_tasks --set examples examples/tasks
 	$(PY) manage.py import_experiment examples/experiments/demo.yaml --root examples --keep-existing
 	$(PY) manage.py import_experiment examples/experiments/smoke.yaml --root examples --keep-existing
-	$(PY) manage.py ensure_admin
+	$(PY) manage.py ensure_admin --password-file var/admin-password
 
-# Web server and one Celery worker on the embedded default (SQLite + filesystem broker).
-# The engine before the worker (which looks for it when it starts); the images in the background,
-# so the first page does not wait for them.
-run: demo agents sandbox
+# Web server and one Celery worker on the embedded default (SQLite + filesystem broker). The
+# container engine before the worker (which looks for it when it starts), its images in the
+# background; the agent CLIs (`make agents`, minutes on a fresh machine) install in the background
+# once the site is up (scripts/install_agents.sh; the Workers page shows how far it got). The first
+# page waits for neither.
+run: demo sandbox
 	@scripts/containers.sh --background || echo "containers: unavailable (var/log/containers.log): container tasks will be refused"
 	@SITE_URL=$${SITE_URL:-http://$(HOST):$(PORT)} scripts/run_dev.sh $(HOST) $(PORT)
 

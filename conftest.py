@@ -76,12 +76,13 @@ def _no_live_listener_outlives_its_test():
     from runs_app import live
     from runs_app.analysis import load
     from runs_app.engine import runner
-    from runs_app.web import fragments, presenters
+    from runs_app.web import fragments, presenters, workers
 
     if live._hub is not None:
         live._hub.stop()
     fragments.forget()  # run ids repeat across test databases
     presenters.LISTS.clear()
+    workers.forget()  # the broker's answer, kept a few seconds
     load.forget_comparisons()  # and so do (run id, tally version) pairs
     runner.forget()  # and task version ids
 

@@ -4,9 +4,9 @@ a worker runs trials.
 Usage: DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/web_load.py
        [--seconds 60] [--sse 50] [--viewers 50] [--web-workers 2] [--baseline 20]
 
-DATABASE_URL names the server (its database is only used to create and drop a scratch database
-`evalsite_bench_web`); Redis on 127.0.0.1:6379 (db 13) is the broker. Everything listens on
-loopback. Steps:
+DATABASE_URL names the server (its database is only used to create and drop a scratch database,
+`evalsite_bench_web` or BENCH_DB_NAME); Redis on 127.0.0.1:6379 (db 13), or BENCH_BROKER_URL, is
+the broker. Everything listens on loopback, at the default settings. Steps:
 
 1. a worker (concurrency 2) runs trials of `sleep 0.2` for `--baseline` s with no web load: the
    unloaded throughput;
@@ -15,9 +15,11 @@ loopback. Steps:
    push), and `--viewers` browsers load pages (home, runs, both run pages, experiments) back to
    back; the worker keeps running trials.
 
-Printed: page loads and errors with p50/p95, stream latency (from just before the change's
-commit to the event's arrival) p50/p95, peak database connections of the scratch database
-against the configured bound, and the worker's throughput loaded vs unloaded.
+Printed: page loads per second, those served, those shed (503 with Retry-After: the site's
+deliberate answer past its capacity) and errors (anything else: a 500, a timeout); served pages'
+p50/p95; streams lost and stream latency (from just before the change's commit to the event's
+arrival) p50/p95; peak database connections of the scratch database against the configured
+bound; and the worker's throughput loaded vs unloaded.
 """
 
 import argparse
@@ -38,9 +40,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DB_NAME = "evalsite_bench_web"
-BROKER = "redis://127.0.0.1:6379/13"
+DB_NAME = os.environ.get("BENCH_DB_NAME", "evalsite_bench_web")
+BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
 PASSED = re.compile(rb'data-count="passed">(\d+)<')
+RETRY_AFTER = re.compile(rb"\r\nretry-after: *\d+", re.IGNORECASE)
+SHED = -503
 
 
 def parse_args() -> argparse.Namespace:
@@ -173,9 +177,11 @@ async def viewer(port: int, paths: list[str], cookie: str, until: float, results
         path = random.choice(paths)
         started = time.perf_counter()
         try:
-            status, _ = await asyncio.wait_for(request(port, path, cookie), 30)
+            status, data = await asyncio.wait_for(request(port, path, cookie), 30)
         except (OSError, TimeoutError):
-            status = 0
+            status, data = 0, b""
+        if status == 503 and RETRY_AFTER.search(data.split(b"\r\n\r\n", 1)[0]):
+            status = SHED  # a deliberate 503 with Retry-After: load shed, not an error
         results.append((path, status, (time.perf_counter() - started) * 1000))
 
 
@@ -315,8 +321,9 @@ def pinned(args, cpu: int) -> list[str]:
 def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -> None:
     from django.conf import settings
 
-    times = [ms for _, status, ms in results]
-    errors = [(path, status) for path, status, _ in results if status != 200]
+    times = [ms for _, status, ms in results if status == 200]
+    errors = [(path, status) for path, status, _ in results if status not in (200, SHED)]
+    shed = sum(1 for _, status, _ in results if status == SHED)
     latencies = [1000 * (at - commits[n]) for n, at in arrivals if n in commits]
     pool = settings.DATABASE_POOL_MAX_SIZE
     # each web process: its pool and its LISTEN connection; the worker: its main process, and
@@ -328,8 +335,9 @@ def report(args, results, arrivals, failures, commits, peak, unloaded, loaded) -
         f"uvicorn x{args.web_workers}" + (", web on CPU 0 and the worker on CPU 1" if args.pin else "")
     )
     print(
-        f"page loads      {len(results):6d}  errors {len(errors)}  "
-        f"p50 {percentile(times, 50):.0f} ms  p95 {percentile(times, 95):.0f} ms"
+        f"page loads      {len(results):6d}  ({len(results) / args.seconds:.1f}/s)  served {len(times)}  "
+        f"shed (503 + Retry-After) {shed} ({100 * shed / max(1, len(results)):.1f}%)  errors {len(errors)}  "
+        f"served p50 {percentile(times, 50):.0f} ms  p95 {percentile(times, 95):.0f} ms"
     )
     print(
         f"stream events   {len(latencies):6d}  stream failures {len(failures)}  changes {len(commits)}  "

@@ -16,4 +16,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "evalsite.settings")
 # on PostgreSQL it takes its connections from a bounded pool (settings.DATABASE_POOL_MAX_SIZE).
 os.environ.setdefault("EVALSITE_ASGI", "1")
 
-application = get_asgi_application()
+from django.conf import settings  # noqa: E402  (after the environment above)
+
+from evalsite.overload import Admission  # noqa: E402
+
+# At most WEB_MAX_IN_FLIGHT requests at once; the others wait their turn, then get 503 (overload.py).
+application = Admission(get_asgi_application(), settings.WEB_MAX_IN_FLIGHT, settings.WEB_QUEUE_SECONDS)

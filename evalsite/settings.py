@@ -86,7 +86,7 @@ def database_from_url(name: str, url: str) -> dict:
         raise ImproperlyConfigured(f"{name} has a bad port number") from None
     options = dict(parse_qsl(parts.query))
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "evalsite.postgresql",  # Django's, with a pool that sees an outage at once
         "NAME": db_name,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -101,7 +101,9 @@ def database_from_url(name: str, url: str) -> dict:
 
 # Whatever the web process and the workers write (database, broker folders, media, secret key,
 # sandboxes) is theirs alone: a trial's sandbox, or another user of the host, must not read it.
-os.umask(0o077)
+# (The umask the process was started with stays known: files a person asks a command for, a
+# report or an export, are written with it: evalsite/files.py.)
+USER_UMASK = os.umask(0o077)
 VAR_DIR = Path(env_str("EVALSITE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 VAR_DIR.chmod(0o700)
@@ -124,8 +126,14 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # The address printed in links by the command line and reports (`evalrun`, `evalreport`): set it
-# to where people reach the site; `make run` sets it from HOST and PORT.
-SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+# to where people reach the site. `make run` serves at its HOST and PORT and writes that address
+# to var/site-url, so a command run from another shell of the same checkout links there.
+_SERVED_AT = VAR_DIR / "site-url"
+SITE_URL = (
+    env_str("SITE_URL")
+    or (_SERVED_AT.read_text().strip() if _SERVED_AT.is_file() else "")
+    or "http://127.0.0.1:8000"
+).rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -146,6 +154,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A view that cannot get a database connection answers 503 + Retry-After (evalsite/overload.py).
+    "evalsite.overload.UnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -198,6 +208,12 @@ DATABASE_URL = env_str("DATABASE_URL")
 # would pile up; streams give theirs back between checks. Size it against the server's
 # max_connections with the workers' (one per prefork process, a pool per WORKER_SLOTS process).
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=0)
+# A web process runs at most this many requests at once (live streams and static files aside); the
+# others wait their turn, in order, up to WEB_QUEUE_SECONDS, then get 503 + Retry-After
+# (evalsite/overload.py). Each runs in a thread holding a pooled connection: past the pool's
+# size, more would only wait for one (docs/deploy.md, "Sizing connections").
+WEB_MAX_IN_FLIGHT = env_int("WEB_MAX_IN_FLIGHT", 8, minimum=1)
+WEB_QUEUE_SECONDS = env_float("WEB_QUEUE_SECONDS", 10.0, minimum=0.1)
 if DATABASE_URL:
     DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
     # A worker host that drops off the network inside a transaction keeps its row locks (a run's
@@ -211,12 +227,18 @@ if DATABASE_URL:
         f"-c idle_in_transaction_session_timeout={idle}s -c tcp_keepalives_idle=30 "
         "-c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 -c tcp_user_timeout=60000",
     )
+    # A database host that does not answer (a cut network) fails a connection attempt after this
+    # long, instead of TCP's two minutes: the pool then says "database unreachable".
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "connect_timeout", env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1)
+    )
     if (os.environ.get("EVALSITE_ASGI") == "1" or WORKER_SLOTS) and DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
         DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": 1,
             "max_size": DATABASE_POOL_MAX_SIZE,
-            "timeout": env_int("DATABASE_POOL_TIMEOUT", 10, minimum=1),
+            # A request waits this long for a connection of a busy pool, then gets 503.
+            "timeout": env_int("DATABASE_POOL_TIMEOUT", 5, minimum=1),
         }
 else:
     DATABASES = {
@@ -415,6 +437,14 @@ SANDBOX_INODES = env_int("SANDBOX_INODES", 100_000, minimum=100)
 # the worker died: the reaper puts the trial back in the queue.
 TRIAL_LEASE_SECONDS = env_int("TRIAL_LEASE_SECONDS", 30, minimum=2)
 TRIAL_MAX_ATTEMPTS = env_int("TRIAL_MAX_ATTEMPTS", 3, minimum=1)
+# `migrate` gives up on a table lock after this long instead of stalling every read behind it while
+# a run is in flight (PostgreSQL: runs_app/management/commands/migrate.py; 0: wait as long as it
+# takes).
+MIGRATE_LOCK_TIMEOUT_SECONDS = env_float("MIGRATE_LOCK_TIMEOUT_SECONDS", 5.0, minimum=0.0)
+# How long a worker keeps trying to report a trial's outcome while the database cannot be reached
+# (its lease renewed meanwhile): a trial whose agent ran is reported, not run again. Past this,
+# the trial is left to the reaper, which runs it again once the database is back.
+TRIAL_REPORT_SECONDS = env_int("TRIAL_REPORT_SECONDS", 600, minimum=1)
 REAPER_INTERVAL_SECONDS = env_float("REAPER_INTERVAL_SECONDS", 15.0, minimum=0.5)
 # A queued trial whose dispatch message was not picked up in this time is dispatched again
 # (the filesystem broker loses messages a killed worker had fetched).

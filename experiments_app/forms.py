@@ -22,7 +22,13 @@ from experiments_app.specs import UNION_TAGS, ExperimentSpec, SpecError, agent_k
 from experiments_app.specs.bundles import read_bundle
 from experiments_app.specs.loading import layer_refs
 from experiments_app.specs.providers import PROVIDERS
-from experiments_app.specs.yaml_errors import unknown_key_problems
+from experiments_app.specs.yaml_errors import (
+    YamlRefused,
+    extra_key_message,
+    load_yaml,
+    unknown_key_problems,
+    value_at,
+)
 
 Loc = tuple[str | int, ...]
 # Paths the create page owns below /experiments/, so no experiment may take these IDs.
@@ -69,7 +75,9 @@ class YamlField(forms.CharField):
         if not text.strip():
             return self.kind()
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
+        except YamlRefused as exc:
+            raise forms.ValidationError(f"refused: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark else ""
@@ -231,6 +239,7 @@ class VariantForm(forms.Form):
     command = forms.CharField(
         required=False,
         max_length=2000,
+        label="Command",
         help_text="What to run, with sh -c; {script} stands for the script below, e.g. python3 {script}",
         widget=forms.TextInput(attrs={"list": "command-suggestions", "autocomplete": "off"}),
     )
@@ -452,49 +461,83 @@ def _variant_data(form: VariantForm) -> tuple[dict, VariantSource]:
 # --- validation: the importer's rules, errors on the fields -------------------------------
 
 
+# Enough rounds for the checks that wait for others: a field's own, then those across fields
+# (the baseline, duplicate ids, gates naming variants), then the unknown keys.
+VALIDATION_ROUNDS = 10
+
+
 def validate_spec(data: dict) -> tuple[ExperimentSpec | None, list[tuple[Loc, str]]]:
-    """The validated spec, or every problem as (location in the YAML, message): the importer's
-    rules, unknown keys (`max_turn` in run limits) included."""
+    """The validated spec, or every problem as (location in the YAML, message), all in one pass:
+    the importer's rules, unknown keys (`max_turn` in run limits) included.
+
+    Pydantic reports a model's cross-field checks only once its fields are valid, and unknown keys
+    are found on a valid spec: so each round sets aside what it reported (the value dropped, its
+    default applies; a required id replaced by a stand-in) and validates again, until the rest is
+    valid. Ten mistakes in the form came back as 6, then 3, then 1 before."""
     issues: list[tuple[Loc, str]] = []
-    dropped: list[Loc] = []
-    for _ in range(4):
+    set_aside: list[Loc] = []
+    for _ in range(VALIDATION_ROUNDS):
         try:
             spec = ExperimentSpec.model_validate(data)
         except ValidationError as exc:
-            # (a field dropped on an earlier round may now be "missing": that is not news)
+            # (a value set aside on an earlier round may now be "missing": that is not news)
             found = [
-                i for i in _issues(exc) if i not in issues and not any(i[0][: len(d)] == d for d in dropped)
+                i
+                for i in _issues(exc, data)
+                if i not in issues and not any(i[0][: len(d)] == d for d in set_aside)
             ]
             issues += found
-            # Checks across fields (the baseline, duplicate ids) run only once every field is
-            # valid: without the fields just reported, validate again to find those too.
             data = copy.deepcopy(data)
-            removed = [loc for loc, _ in found if _drop(data, loc)]
+            removed = [where for loc, _ in found if (where := _set_aside(data, loc)) is not None]
             if not removed:
                 return None, issues
-            dropped += removed
+            set_aside += removed
             continue
         unknown = [issue for issue in unknown_key_problems(spec) if issue not in issues]
-        return (None, issues + unknown) if issues or unknown else (spec, [])
-    return None, issues
+        return (None, _unstand(issues + unknown, data)) if issues or unknown else (spec, [])
+    return None, _unstand(issues, data)
 
 
-def _drop(data: Any, loc: Loc) -> bool:
-    """Remove the value at `loc` (so its default applies); whether there was one to remove."""
-    for i, key in enumerate(loc):
-        last = i == len(loc) - 1
-        if isinstance(data, dict) and key in data:
-            if last:
-                del data[key]
-                return True
-            data = data[key]
-        elif isinstance(data, list) and isinstance(key, int) and key < len(data):
-            if last:
-                return False  # keep list positions: they name variants
-            data = data[key]
-        else:
-            return False
-    return False
+def _unstand(issues: list[tuple[Loc, str]], data: dict) -> list[tuple[Loc, str]]:
+    """The problems, with a variant's stand-in id (`_set_aside`) named as the variant it is."""
+    stand_ins = {
+        f"'unnamed-{i + 1}'": f"(variant {i + 1}, which has no ID yet)"
+        for i, variant in enumerate(data.get("variants") or [])
+        if isinstance(variant, dict) and variant.get("variant_id") == f"unnamed-{i + 1}"
+    }
+    for stand_in, name in stand_ins.items():
+        issues = [
+            (loc, message.replace(stand_in, name).replace(stand_in.strip("'"), name))
+            for loc, message in issues
+        ]
+    return issues
+
+
+def _set_aside(data: dict, loc: Loc) -> Loc | None:
+    """Take the value at `loc` out of `data`, or the nearest mapping key above it (a list item's
+    problem takes its whole list: positions shift otherwise), so that validation can go on
+    without it. An id that is required gets a stand-in instead (a variant keeps its position:
+    positions name the forms). Returns what was set aside (None: nothing could be)."""
+    if loc[:1] == ("experiment_id",):
+        data["experiment_id"] = "unnamed"
+        return ("experiment_id",)
+    if len(loc) >= 3 and loc[0] == "variants" and isinstance(loc[1], int) and loc[2] == "variant_id":
+        variants = data.get("variants")
+        if isinstance(variants, list) and loc[1] < len(variants) and isinstance(variants[loc[1]], dict):
+            variants[loc[1]]["variant_id"] = f"unnamed-{loc[1] + 1}"
+            return loc[:3]
+        return None
+    for end in range(len(loc), 0, -1):
+        where = loc[:end]
+        if where[:1] == ("variants",) and end <= 2:
+            return None  # a variant itself, or the list: never removed
+        if isinstance(where[-1], int):
+            continue
+        parent = value_at(data, where[:-1])
+        if isinstance(parent, dict) and where[-1] in parent:
+            del parent[where[-1]]
+            return where
+    return None
 
 
 def fill_unreadable(form: forms.Form) -> None:
@@ -518,7 +561,7 @@ def fill_unreadable(form: forms.Form) -> None:
             form.cleaned_data[name] = raw.strip() if isinstance(raw, str) else ""
 
 
-def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
+def _issues(exc: ValidationError, data: dict) -> list[tuple[Loc, str]]:
     issues: list[tuple[Loc, str]] = []
     for err in exc.errors():
         loc = tuple(part for part in err["loc"] if part not in UNION_TAGS)
@@ -527,6 +570,10 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str]]:
             issues += [((*loc, *sub), msg) for sub, msg in cause.issues]
         elif err["type"] == "missing":
             issues.append((loc, "required field is missing"))
+        elif (
+            err["type"] == "extra_forbidden"
+        ):  # a gate's typo: pydantic says "Extra inputs are not permitted"
+            issues.append((loc, extra_key_message(data, loc)))
         elif err["type"] == "value_error":
             issues.append((loc, str(cause or err["msg"])))
         else:
@@ -653,17 +700,19 @@ def apply_issues(
 ) -> None:
     """Show each spec problem on the field it came from (the whole form when none fits). With
     `skip_bad_fields`, a field that already failed its own check gets no second message (the
-    spec read it as empty)."""
+    spec read it as empty). (Only a field's own check counts: two spec problems of one field are
+    both shown, a gate's missing value with the typo that caused it.)"""
+    bad = {id(f): set(f.errors) if skip_bad_fields else set() for f in [form, *(s.form for s in sources)]}
     for loc, message in issues:
         if len(loc) >= 2 and loc[0] == "variants" and isinstance(loc[1], int) and loc[1] < len(sources):
             variant_form, name, rest = _variant_field(sources[loc[1]], loc[2:])
-            if not (skip_bad_fields and name in variant_form.errors):
+            if name not in bad[id(variant_form)]:
                 variant_form.add_error(name, _with_path(rest, message))
         elif loc[:1] == ("variants",):
             formset._non_form_errors = formset.non_form_errors() + [f"variants: {message}"]
         else:
             name, rest = _experiment_field(loc)
-            if not (skip_bad_fields and name in form.errors):
+            if name not in bad[id(form)]:
                 form.add_error(name, _with_path(rest, message))
 
 
@@ -696,8 +745,15 @@ def _variant_field(source: VariantSource, loc: Loc) -> tuple[VariantForm, str | 
     if loc[0] in simple:
         return form, simple[loc[0]], loc[1:]
     if loc[0] == "agent":
+        key = loc[1] if len(loc) > 1 else ""
         names = {"type": "agent_type", "model": "model", "base_url": "base_url"}
-        name = names.get(loc[1] if len(loc) > 1 else "", "options")
+        if key in TYPED_OPTIONS and (
+            form.cleaned_data.get(key) or key not in form.cleaned_data.get("options", {})
+        ):
+            # A typed option's problem goes under its field (the missing command under Command),
+            # unless the agent options YAML is where it was written.
+            names[key] = key
+        name = names.get(key, "options")
         return form, name, loc[1:] if name == "options" else ()
     if loc[0] == "prompt_mutations" and len(loc) > 1 and isinstance(loc[1], int):
         if loc[1] < len(source.mutation_fields) and source.mutation_fields[loc[1]] != "other":

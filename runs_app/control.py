@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models import Count, F
 from django.db.models.functions import Substr
 from django.utils import timezone
+from kombu.exceptions import KombuError
 
 from evalsite.versioning import container_queue, host_queue, trial_queue, worker_queues
 from runs_app import live, written
@@ -73,7 +74,25 @@ def ensure_controllable(run: Run, user) -> None:
 
 
 def enqueue_dispatch(run_id: int) -> None:
-    current_app.send_task(DISPATCH_RUN, args=(run_id,))
+    send(DISPATCH_RUN, (run_id,))
+
+
+def send(task: str, args: tuple, queue: str | None = None, trial_id: int | None = None) -> bool:
+    """Send a message to the workers. While the broker cannot be reached, the run's rows already
+    say what is to be done: a trial's send is forgotten (`dispatched_at` cleared) and the
+    reaper's next pass, once the broker is back, sends it again; a launch's dispatch is found
+    by the same pass (a run with queued trials never sent). So an outage of the broker delays
+    work and loses none; pages say the broker is unreachable."""
+    try:
+        current_app.send_task(task, args=args, queue=queue)
+        return True
+    except (KombuError, OSError) as exc:
+        logger.warning(
+            "broker unreachable: %s%s not sent (%s); the reaper sends it once it is back", task, args, exc
+        )
+        if trial_id is not None:
+            Trial.objects.filter(pk=trial_id, status=Trial.Status.QUEUED).update(dispatched_at=None)
+        return False
 
 
 # --- dispatching and executing ------------------------------------------------------------------
@@ -101,9 +120,7 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     if run.cancel_requested or run.is_final or run.historical:
         return None
     if run.suite_status == Run.Suite.PENDING:  # its suite first, on whichever worker takes it
-        transaction.on_commit(
-            partial(current_app.send_task, HOLD_SUITE, args=(run.pk,), queue=trial_queue_of(run))
-        )
+        transaction.on_commit(partial(send, HOLD_SUITE, (run.pk,), trial_queue_of(run)))
         return None
     if run.suite_status in (Run.Suite.SETTING_UP, Run.Suite.FAILED):
         return None
@@ -120,7 +137,7 @@ def _dispatch_locked(run: Run, reserve: bool) -> int | None:
     reserved = ids.pop(0) if reserve and ids else None
     queue = trial_queue_of(run) if ids else None  # a container run's costs a query: only when sending
     for trial_id in ids:
-        transaction.on_commit(partial(current_app.send_task, EXECUTE_TRIAL, args=(trial_id,), queue=queue))
+        transaction.on_commit(partial(send, EXECUTE_TRIAL, (trial_id,), queue, trial_id))
     return reserved
 
 
@@ -492,15 +509,33 @@ def _next_attempt(trial: Trial) -> Trial:
 # --- the reaper ------------------------------------------------------------------------------------
 
 
+def holder_gone(expired_at, streaks: Sequence[tuple]) -> bool:
+    """Whether a lease that ran out at `expired_at` lost its worker, rather than the database
+    for a while. A database outage longer than a lease leaves every lease expired while their
+    workers live, and each renews them within a second of reaching the database again. So a
+    lease counts as lost only once some worker host has reached the database without a break
+    for WORKER_HEARTBEAT_SECONDS after it ran out (two reports in a row: `streaks` holds each
+    worker's (reachable_since, last_seen_at)). With no worker reporting at all, nothing is
+    taken: nobody could run it, and the run page says no worker is there."""
+    grace = timedelta(seconds=settings.WORKER_HEARTBEAT_SECONDS)
+    return any(last - max(expired_at, since) >= grace for since, last in streaks)
+
+
 def reap_expired_leases() -> int:
-    """Put running trials whose worker died (lease expired) back in the queue, up to the
-    attempt limit, then mark them `error`; re-dispatch queued trials whose message was lost."""
+    """Put running trials whose worker died (lease expired, `holder_gone`) back in the queue,
+    up to the attempt limit, then mark them `error`; re-dispatch queued trials whose message
+    was lost."""
     now = timezone.now()
     runs: dict[int, list[int]] = {}
     reaped = 0
     expired = Trial.objects.filter(status=Trial.Status.RUNNING, lease_expires_at__lt=now)
-    rows = expired.values_list("pk", "run_id", "attempt", "lease_owner", "run__cancel_requested")
-    for trial_id, run_id, attempt, owner, cancelled in rows:
+    rows = expired.values_list(
+        "pk", "run_id", "attempt", "lease_owner", "run__cancel_requested", "lease_expires_at"
+    )
+    streaks = _streaks(now)
+    for trial_id, run_id, attempt, owner, cancelled, expired_at in rows:
+        if not holder_gone(expired_at, streaks):
+            continue
         still_expired = Trial.objects.filter(
             pk=trial_id, status=Trial.Status.RUNNING, lease_expires_at__lt=now
         )
@@ -529,7 +564,7 @@ def reap_expired_leases() -> int:
             runs.setdefault(run_id, []).append(trial_id)
             _append_event(trial_id, TrialEvent.Kind.SYSTEM, {"text": note})
             logger.warning("trial %s: %s", trial_id, note)
-    waiting_for_suite = _reap_suites(now)
+    waiting_for_suite = _reap_suites(now, streaks)
     stale = now - timedelta(seconds=settings.REDISPATCH_AFTER_SECONDS)
     lost = Trial.objects.current().filter(status=Trial.Status.QUEUED, dispatched_at__lt=stale)
     waiting = set(lost.values_list("run_id", flat=True).distinct())
@@ -546,7 +581,13 @@ def reap_expired_leases() -> int:
     return reaped
 
 
-def _reap_suites(now) -> set[int]:
+def _streaks(now) -> list[tuple]:
+    """(reachable_since, last_seen_at) of the workers heard from lately (`holder_gone`)."""
+    recent = Worker.objects.filter(reachable_since__isnull=False, last_seen_at__gte=now - timedelta(days=1))
+    return list(recent.values_list("reachable_since", "last_seen_at"))
+
+
+def _reap_suites(now, streaks: Sequence[tuple]) -> set[int]:
     """Suites whose holder stopped renewing (its host died): set up again elsewhere, up to the
     attempt limit; a run that ended meanwhile just records that teardown never ran. Returns
     the runs to dispatch again."""
@@ -554,7 +595,10 @@ def _reap_suites(now) -> set[int]:
     expired = Run.objects.filter(
         suite_status__in=[Run.Suite.SETTING_UP, Run.Suite.READY], suite_lease_expires_at__lt=now
     )
-    for run_id, owner, attempt, status in expired.values_list("pk", "suite_owner", "suite_attempt", "status"):
+    rows = expired.values_list("pk", "suite_owner", "suite_attempt", "status", "suite_lease_expires_at")
+    for run_id, owner, attempt, status, expired_at in rows:
+        if not holder_gone(expired_at, streaks):
+            continue
         still = Run.objects.filter(pk=run_id, suite_owner=owner, suite_lease_expires_at__lt=now)
         lost = f"the worker holding the suite ({owner}) stopped renewing its lease"
         if status in (Run.Status.FINISHED, Run.Status.CANCELLED):

@@ -139,23 +139,33 @@ class Hub:
         import psycopg
 
         params = connection.get_connection_params()
+        failed = False
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    if failed:  # back after an outage: every page catches up on what it missed
+                        logger.warning("live: listening again")
+                        self._wake_all()
+                        failed = False
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             run, _, trial = note.payload.partition(":")
                             self.changed(f"run:{run}")
                             if trial:
                                 self.changed(f"trial:{trial}")
-            except Exception:  # a restarted database: listen again, and wake every page to catch up
-                logger.warning("live: the LISTEN connection failed; reconnecting", exc_info=True)
-                with self._lock:
-                    keys = list(self._versions)
-                for key in keys:
-                    self.changed(key)
+            except Exception as exc:  # a restarted or unreachable database: listen again
+                if not failed:
+                    logger.warning("live: the LISTEN connection failed (%s); reconnecting every second", exc)
+                    self._wake_all()  # their checks say what they can
+                failed = True
                 self._stopping.wait(1.0)
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            keys = list(self._versions)
+        for key in keys:
+            self.changed(key)
 
     def _listen_files(self) -> None:
         seen: dict[str, int] = {}

@@ -492,6 +492,9 @@ class Worker(models.Model):
     providers = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField()
+    # Its first report since it last failed to report (a database outage): from then to
+    # last_seen_at it reached the database without a break (the reaper's evidence).
+    reachable_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-last_seen_at"]

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from evalsite.db import drop_connection
 from evalsite.versioning import code_version, worker_queues
 from experiments_app.specs import providers
 from runs_app import alerts, control, scheduling
@@ -89,6 +90,10 @@ def _reap_at_start(sender, **kwargs) -> None:
     banner, launch pre-flight, launches of container tasks)."""
     trial_sandbox.sweep_sandboxes()
     reap_expired_leases.delay()
+    # Again once this worker has reported twice: a lease counts as lost only once some worker
+    # reached the database for a while after it ran out (control.holder_gone), and a deployment
+    # without beat has no other reaper.
+    reap_expired_leases.apply_async(countdown=2 * settings.WORKER_HEARTBEAT_SECONDS + 1)
     record_heartbeat.delay(sender.hostname)
     slots = settings.WORKER_SLOTS or getattr(getattr(sender, "controller", None), "concurrency", 0) or 0
     threading.Thread(
@@ -105,6 +110,7 @@ def _beat(name: str, slots: int) -> None:
     found = _engine_at_start
     keyed = providers.keyed(os.environ)  # names only: the keys stay in this process
     beats = 0
+    reachable_since = None  # the first report since the last that failed
     while True:
         beats += 1
         if beats % SWEEP_EVERY_BEATS == 0:
@@ -116,18 +122,26 @@ def _beat(name: str, slots: int) -> None:
                 trial_sandbox.sweep_sandboxes()
             except Exception:
                 logger.warning("sweeping sandbox folders failed", exc_info=True)
+            # CLIs installed since (`make run` installs them in the background): a cached answer
+            # per binary, so this costs a few stat calls when nothing changed.
+            versions = hosts.agent_versions(Path(settings.VAR_DIR) / "agent-versions.json")
         try:
+            now = timezone.now()
             Worker.objects.update_or_create(
                 name=name,
                 defaults={
                     "hostname": settings.WORKER_HOST, "slots": slots, "code_version": code_version(),
                     "agent_versions": versions, "providers": keyed, "started_at": started,
-                    "last_seen_at": timezone.now(),
+                    "last_seen_at": now, "reachable_since": reachable_since or now,
                     "capabilities": hosts.capabilities(_engine_at_start, found),
                 },
             )  # fmt: skip
-        except Exception:  # a database restart: report on the next beat
-            logger.warning("worker heartbeat failed", exc_info=True)
+            reachable_since = reachable_since or now
+        except Exception as exc:  # a database outage: report on the next beat
+            if reachable_since is not None or beats == 1:
+                logger.warning("worker heartbeat failed: %s", exc)
+            reachable_since = None
+            drop_connection()
         finally:
             close_old_connections()
         time.sleep(settings.WORKER_HEARTBEAT_SECONDS)

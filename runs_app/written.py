@@ -132,6 +132,17 @@ def count_claimed(trial_id: int) -> None:
         )
 
 
+def count_given_back(trial_id: int) -> None:
+    """One fewer running trial on the run of a trial given back to the queue, one more queued."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {_table(Run)}
+            SET n_queued = n_queued + 1, n_running = CASE WHEN n_running > 0 THEN n_running - 1 ELSE 0 END
+            WHERE id = (SELECT run_id FROM {_table(Trial)} WHERE id = %s)""",
+            [trial_id],
+        )
+
+
 def trials_holding_a_slot(run_id: int) -> int:
     """The run's current attempts (`is_latest IN (true)`, see TrialQuerySet.current) that hold a
     slot: running, or queued and already sent to a worker."""

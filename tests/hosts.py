@@ -80,6 +80,20 @@ class Relay:
             with contextlib.suppress(Exception):
                 writer.close()
 
+    def drop(self) -> None:
+        """Stop forwarding and reset every relayed connection (the loop keeps running: `forward`
+        again to restore)."""
+
+        async def close():
+            servers, self.servers = self.servers, []
+            for server in servers:
+                server.close()
+                await server.wait_closed()
+            for writer in list(self.writers):
+                writer.transport.abort()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
+
     def stop(self) -> None:
         async def close():
             for server in self.servers:

@@ -56,3 +56,12 @@ def test_pages_carry_a_content_security_policy_without_inline_script(member_clie
 
     assert "script-src 'self'" in policy and "'unsafe-eval'" not in policy
     assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+
+
+@pytest.mark.django_db
+def test_the_favicon_is_found_where_browsers_look_for_it(client):
+    response = client.get("/favicon.ico", follow=True)
+
+    assert response.status_code == 200 and response.redirect_chain == [("/static/favicon.svg", 301)]
+    assert response["Content-Type"].startswith("image/svg+xml")
+    response.close()

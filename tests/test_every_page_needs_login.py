@@ -6,7 +6,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 SAMPLE_ARGS = {"int": "1", "slug": "demo", "str": "demo", "path": "demo"}
-PUBLIC = {"login", "logout"}
+PUBLIC = {"login", "logout", "favicon"}
 
 
 def _patterns(resolver: URLResolver, prefix: str = ""):

@@ -50,7 +50,7 @@ def test_it_starts_on_the_embedded_default_without_any_environment():
 def test_it_parses_a_postgres_url_for_psycopg():
     database = database_from_url("DATABASE_URL", "postgres://eval:s%40cret@db.internal:6543/evalsite")
 
-    assert database["ENGINE"] == "django.db.backends.postgresql"
+    assert database["ENGINE"] == "evalsite.postgresql"
     assert (database["NAME"], database["USER"], database["PASSWORD"]) == ("evalsite", "eval", "s@cret")
     assert (database["HOST"], database["PORT"]) == ("db.internal", "6543")
 
@@ -67,7 +67,7 @@ def test_the_helpers_accept_good_values(monkeypatch):
 
 def test_it_configures_the_database_and_broker_this_process_was_given():
     if os.environ.get("DATABASE_URL"):
-        assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+        assert settings.DATABASES["default"]["ENGINE"] == "evalsite.postgresql"
     else:
         options = settings.DATABASES["default"]["OPTIONS"]
         assert options["transaction_mode"] == "IMMEDIATE" and options["timeout"] == 20
@@ -82,3 +82,27 @@ def test_it_configures_the_database_and_broker_this_process_was_given():
         assert all(os.path.isabs(transport[k]) for k in folders)
     assert settings.CELERY_TASK_ACKS_LATE and settings.CELERY_WORKER_PREFETCH_MULTIPLIER == 1
     assert settings.CELERY_ACCEPT_CONTENT == ["json"]
+
+
+def test_links_point_where_make_run_serves_when_no_site_url_is_given(tmp_path):
+    (tmp_path / "site-url").write_text("http://127.0.0.1:8101\n")  # scripts/run_dev.sh writes it
+    environment = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "evalsite.settings",
+        "EVALSITE_VAR_DIR": str(tmp_path),
+    }
+    environment.pop("SITE_URL", None)
+    code = "import django; django.setup(); from django.conf import settings; print(settings.SITE_URL)"
+
+    def site_url(**env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=settings.BASE_DIR, env={**environment, **env},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert site_url() == "http://127.0.0.1:8101"
+    assert site_url(SITE_URL="https://evals.example.com/") == "https://evals.example.com"
+    (tmp_path / "site-url").unlink()
+    assert site_url() == "http://127.0.0.1:8000"

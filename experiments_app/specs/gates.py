@@ -89,6 +89,17 @@ Gate = Annotated[
     Field(discriminator="type"),
 ]
 GATE_TYPES = ("min_pass_rate", "no_regression", "max_error_share", "suite_thresholds")
+GATE_MODELS: dict[str, type[GateModel]] = {
+    "min_pass_rate": MinPassRateGate, "no_regression": NoRegressionGate,
+    "max_error_share": MaxErrorShareGate, "suite_thresholds": SuiteThresholdsGate,
+}  # fmt: skip
+
+
+def gate_keys(gate: Any) -> list[str]:
+    """The keys a gate of its type takes (every gate's, when its type is unknown)."""
+    model = GATE_MODELS.get(str(gate.get("type"))) if isinstance(gate, dict) else None
+    models = [model] if model is not None else list(GATE_MODELS.values())
+    return sorted({name for each in models for name in each.model_fields})
 
 
 def gate_issues(gates: list[Any], variants: dict[str, int]) -> list[tuple[tuple[str | int, ...], str]]:

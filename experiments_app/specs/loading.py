@@ -467,6 +467,9 @@ def _jsonl_rows(
         except json.JSONDecodeError as exc:
             issues.append(SpecIssue(shown, n, field_name, f"invalid JSON (column {exc.colno}): {exc.msg}"))
             continue
+        except RecursionError:
+            issues.append(SpecIssue(shown, n, field_name, "the JSON is nested too deeply to be a row"))
+            continue
         if not isinstance(row, dict):
             issues.append(
                 SpecIssue(shown, n, field_name, f"expected a JSON object, got {type(row).__name__}")

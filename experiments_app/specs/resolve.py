@@ -46,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from experiments_app import specs
+from experiments_app.specs.yaml_errors import load_yaml
 
 Layer = tuple[str, dict]
 
@@ -308,7 +309,7 @@ _YAML_BOOL_WORDS = {"y", "n", "yes", "no", "on", "off"}
 
 def _override_value(item: str, text: str) -> Any:
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "parse error"
         raise OverrideError(f"override {item!r}: the value is not valid YAML ({problem})") from exc

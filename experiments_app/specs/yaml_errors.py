@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from experiments_app.specs import ALL_CRITERION_TYPES, UNION_TAGS, AgentSpec, SpecError
+from experiments_app.specs.gates import gate_keys
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster when present
 
@@ -35,6 +36,115 @@ UNBUILT_CRITERIA = {
 # counted expanded, so an alias bomb ("billion laughs", 423 bytes) is refused before it is built.
 MAX_NODES = 100_000
 MAX_DEPTH = 40
+# A YAML file or text box is refused past this size before it is parsed (a task file is a few KB;
+# big data goes in the files it names).
+MAX_YAML_BYTES = 2 * 1024 * 1024
+
+
+class YamlRefused(yaml.YAMLError):
+    """YAML evalsite will not read: too large, too deep, an alias bomb or loop, a value its type
+    cannot hold. `line` is 1-based (None: the whole text)."""
+
+    def __init__(self, problem: str, line: int | None = None) -> None:
+        super().__init__(problem)
+        self.problem, self.line = problem, line
+
+    def __str__(self) -> str:
+        return self.problem if self.line is None else f"line {self.line}: {self.problem}"
+
+
+def load_yaml(text: str) -> Any:
+    """The one way evalsite reads YAML it is given (files, text boxes, overrides, imports):
+    `check_yaml` first, then libyaml builds the nodes, whose expansion is bounded, then the
+    values. Every refusal is a `yaml.YAMLError` (a `YamlRefused`, or a syntax error with its
+    mark); nothing else escapes, so a caller reports one error and its process lives on."""
+    refused = check_yaml(text)
+    if refused:
+        raise YamlRefused(refused[1], refused[0])
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if problem := _too_big(node):
+            raise YamlRefused(problem[1], problem[0])
+        return construct(loader, node)
+    finally:
+        loader.dispose()
+
+
+def check_yaml(text: str) -> tuple[int | None, str] | None:
+    """(line, problem) when the text is too large or nests deeper than MAX_DEPTH, found before
+    any node is built: building them recurses once per level, and PyYAML's C composer overflows
+    the C stack on ~100,000 nested `[` (a segfault: the web process or the import command gone),
+    its pure-Python one on ~500 (RecursionError). libyaml's parser keeps its own stack: its
+    events are counted here and the parse stops at the first level too deep."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        return None, f"the YAML is {size:,} bytes, more than the {MAX_YAML_BYTES:,} evalsite reads"
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else None
+                    return line, f"the YAML is nested more than {MAX_DEPTH} levels deep"
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return None  # a syntax error: reported by the load that follows, with its mark
+    return None
+
+
+def construct(loader: Any, node: yaml.Node | None) -> Any:
+    """The values of a checked node tree. A loop of aliases (`&a [*a]`) and a value its tag
+    cannot hold (`2024-02-30`, `!!int x`: PyYAML raises ValueError and the like) are refused
+    at their line."""
+    if node is None:
+        return None
+    if loop := _alias_loop(node):
+        raise YamlRefused("an alias refers to a value that contains it (a loop)", loop)
+    try:
+        return loader.construct_document(node)
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        raise YamlRefused(f"a value cannot be read as its type: {exc}", _failing_line(loader, node)) from None
+
+
+def _failing_line(loader: Any, node: yaml.Node) -> int | None:
+    """The line of the first value whose construction fails (after a failure: each tried alone)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, yaml.ScalarNode):
+            try:
+                loader.construct_object(current, deep=True)
+            except Exception:
+                return current.start_mark.line + 1
+        stack.extend(reversed(_children(current)))
+    return None
+
+
+def _alias_loop(node: yaml.Node) -> int | None:
+    """The line of a node that contains itself through an alias, if any (depth-first, no
+    recursion: the depth is bounded already, the walk is not)."""
+    done: set[int] = set()
+    path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        current, leaving = stack.pop()
+        if leaving:
+            path.discard(id(current))
+            done.add(id(current))
+            continue
+        if id(current) in path:
+            return current.start_mark.line + 1
+        if id(current) in done:
+            continue
+        path.add(id(current))
+        stack.append((current, True))
+        stack.extend((kid, False) for kid in _children(current))
+    return None
 
 
 @dataclass(frozen=True)
@@ -99,6 +209,8 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, SpecIssue(shown, None, "", f"cannot read the file: {exc}")
+    if refused := check_yaml(text):
+        return None, SpecIssue(shown, refused[0], "", refused[1])
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -108,13 +220,13 @@ def parse_yaml(path: Path, root: Root) -> tuple[Doc | None, SpecIssue | None]:
         duplicate = _duplicate_key(node)
         if duplicate:
             return None, SpecIssue(shown, duplicate[0], "", f"duplicate key {duplicate[1]!r} in a mapping")
-        data = loader.construct_document(node) if node is not None else None
+        data = construct(loader, node)
+    except YamlRefused as exc:
+        return None, SpecIssue(shown, exc.line, "", exc.problem)
     except yaml.MarkedYAMLError as exc:
         return None, _syntax_issue(shown, exc)
     except yaml.YAMLError as exc:
         return None, SpecIssue(shown, None, "", f"invalid YAML: {exc}")
-    except RecursionError:
-        return None, SpecIssue(shown, None, "", f"the YAML is nested more than {MAX_DEPTH} levels deep")
     finally:
         loader.dispose()
     return Doc(shown, abs_path, root, raw, text, node, data), None
@@ -260,6 +372,8 @@ def _pydantic_issue(doc: Doc, loc: Loc, err: Any) -> SpecIssue:
         message = f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
     elif kind == "value_error":
         message = str(ctx.get("error", err["msg"]))
+    elif kind == "extra_forbidden":
+        message = extra_key_message(doc.data, loc)
     else:
         message = err["msg"].replace("Input should be", "expected", 1) + f", got {_short(err.get('input'))}"
     return SpecIssue(doc.shown, line, field_name(path), message)
@@ -311,15 +425,35 @@ def _unknown_keys(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, list[s
                     yield from _unknown_keys(item, (*loc, name, i))
 
 
+def unknown_key_message(key: str, known: list[str]) -> str:
+    """The one message for a key nothing reads, with the likely intended key."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key {key!r}{hint} (known here: {', '.join(sorted(known))})"
+
+
+def extra_key_message(data: Any, loc: Loc) -> str:
+    """A key a strict model (a gate) refuses, at `loc` of `data`, said as an unknown key anywhere
+    else is (pydantic's own words: "Extra inputs are not permitted")."""
+    known = gate_keys(value_at(data, loc[:-1])) if loc[:1] == ("gates",) else []
+    return unknown_key_message(str(loc[-1]), known)
+
+
+def value_at(data: Any, loc: Loc) -> Any:
+    """The value at `loc` in plain YAML data (None when there is none)."""
+    for key in loc:
+        found = isinstance(data, dict) and key in data
+        found = found or (isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data))
+        if not found:
+            return None
+        data = data[key]
+    return data
+
+
 def unknown_key_problems(model: BaseModel) -> list[tuple[Loc, str]]:
     """(location, message) of every unknown key of a validated model (for input that is not a
     YAML file: the experiment form), with the same "did you mean" as the importer's errors."""
-    problems = []
-    for loc, known in _unknown_keys(model):
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        problems.append((loc, f"unknown key {loc[-1]!r}{hint} (known here: {', '.join(sorted(known))})"))
-    return problems
+    return [(loc, unknown_key_message(str(loc[-1]), known)) for loc, known in _unknown_keys(model)]
 
 
 def unknown_key_warnings(
@@ -328,13 +462,10 @@ def unknown_key_warnings(
     """Every unknown key: an error naming the likely intended key, or with `lenient` a warning."""
     issues = []
     for loc, known in _unknown_keys(model, prefix):
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         if lenient:
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             issues.append(doc.issue(loc, f"unknown key, kept but not used by evalsite{hint}", "warning"))
         else:
-            known_here = ", ".join(sorted(known))
-            issues.append(
-                doc.issue(loc, f"unknown key{hint} (known here: {known_here}; --lenient warns instead)")
-            )
+            issues.append(doc.issue(loc, unknown_key_message(str(loc[-1]), known)))
     return issues

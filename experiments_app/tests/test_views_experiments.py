@@ -319,7 +319,51 @@ def test_a_command_variant_without_a_command_is_refused(admin_client):
     response = admin_client.post(reverse("experiment_create"), data)
 
     errors = response.context["formset"][1].errors
-    assert any("a command agent needs `command:`" in e for e in errors.get("options", [])), errors
+    # Under the Command field, where it is to be typed (not under Agent options).
+    assert any("a command agent needs `command:`" in e for e in errors.get("command", [])), errors
+    assert "options" not in errors
+    assert not Experiment.objects.filter(slug="ab-test").exists()
+
+
+def test_ten_mistakes_are_all_reported_at_once(admin_client):
+    smoke_experiment()
+    data = _form_data(
+        _variant(0, "", "oracle", run_limits="max_turn: 5"),  # a required id beside a typo
+        _variant(1, "two", "none", options="base_ur: x", run_limits="max_usd: -1"),
+        _variant(2, "three", "command", other="pre_rn: []"),  # no command, and a typo
+        experiment_id="Bad ID", max_parallel="0", baseline="nope", repeats="0",
+        run_limits="task_timout: 60", gates="- {type: min_pass_rate, valu: 0.8}",
+    )  # fmt: skip
+
+    response = admin_client.post(reverse("experiment_create"), data)
+
+    form, variants = response.context["form"], response.context["formset"]
+    expected = [
+        (form, "experiment_id", "must be kebab-case"),
+        (form, "repeats", "greater than or equal to 1"),
+        (form, "max_parallel", "greater than or equal to 1"),
+        (
+            form,
+            "baseline",
+            "no variant 'nope'; expected one of: (variant 1, which has no ID yet), two, three",
+        ),
+        (form, "run_limits", "unknown key 'task_timout'; did you mean 'task_timeout'?"),
+        (
+            form,
+            "gates",
+            "0.valu: unknown key 'valu'; did you mean 'value'? (known here: cluster, name, overall",
+        ),
+        (variants[0], "variant_id", "This field is required."),
+        (variants[0], "run_limits", "unknown key 'max_turn'; did you mean 'max_turns'?"),
+        (variants[1], "options", "no agent kind has an option 'base_ur'"),
+        (variants[1], "run_limits", "max_usd: Input should be greater than 0"),
+        (variants[2], "other", "unknown key 'pre_rn'; did you mean 'pre_run'?"),
+        (variants[2], "command", "a command agent needs `command:`"),
+    ]
+    for where, field, message in expected:
+        assert any(message in e for e in where.errors.get(field, [])), (field, message, where.errors)
+    assert not any("Extra inputs" in p for p in response.context["problems"])
+    assert len(response.context["problems"]) == 13  # the gate's missing value too
     assert not Experiment.objects.filter(slug="ab-test").exists()
 
 

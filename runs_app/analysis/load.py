@@ -19,6 +19,7 @@ from typing import Any
 from django.db.models import Avg, Case, Count, F, FloatField, Q, When
 from django.db.models.functions import Cast
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import Recent
 from experiments_app.models import Quarantine, TaskVersion, Variant
 from runs_app.analysis import rollup
@@ -187,7 +188,7 @@ def _missing_baseline(runs: Sequence[Run], arms: list[Arm]) -> str:
 # baseline): computed once per tally version and kept a minute in this process, so a hundred
 # viewers of one run, or reloads of a 100k-trial comparison (a second of statistics), cost one.
 MEMO_SECONDS = 60.0
-_memo = Recent(MEMO_SECONDS, size=16)
+_memo = Recent(MEMO_SECONDS, size=16, before_wait=give_back_connection)
 
 
 def _state(runs: Sequence[Run]) -> tuple:

@@ -8,9 +8,10 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from evalsite.db import drop_connection
 from runs_app.models import Run, Trial
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class LeaseKeeper(threading.Thread):
     def run(self) -> None:
         renew_every = settings.TRIAL_LEASE_SECONDS / 3
         next_renewal = time.monotonic() + renew_every
+        unreachable = False
         while not self.stopping.wait(0.5):
             with self.lock:
                 beats = list(self.beats)
@@ -98,13 +100,23 @@ class LeaseKeeper(threading.Thread):
             try:
                 self._check_cancelled(beats)
                 if time.monotonic() >= next_renewal:
+                    # After an outage at once: the reaper waits for this host to have been
+                    # back a few seconds before it takes a trial whose lease ran out meanwhile.
                     self._renew(beats)
                     next_renewal = time.monotonic() + renew_every
-            except DatabaseError:
-                # A busy or restarting database must not end the heartbeat: the next
-                # tick tries again, well before the leases run out.
-                logger.warning("lease keeper: could not reach the database for %d trials", len(beats))
-                close_old_connections()
+            except DatabaseError as exc:
+                # A busy or restarting database must not end the heartbeat: the next tick tries
+                # again, well before the leases run out (and at once when it is back).
+                if not unreachable:
+                    logger.warning(
+                        "lease keeper: no database for %d trials (%s); trying every 0.5 s", len(beats), exc
+                    )
+                unreachable = True
+                drop_connection()
+                continue
+            if unreachable:
+                logger.warning("lease keeper: the database answers again (%d trials)", len(beats))
+                unreachable = False
 
     def _check_cancelled(self, beats: list[Heartbeat]) -> None:
         runs = {beat.run_id for beat in beats}

@@ -6,9 +6,10 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from evalsite.db import drop_connection
 from runs_app import live, written
 from runs_app.engine import sandbox
 from runs_app.engine.leases import Heartbeat, release_connection
@@ -51,6 +52,7 @@ class Recorder:
         self.dropped = 0
         self.buffer: list[TrialEvent] = []
         self.last_flush = time.monotonic()
+        self.unwritten_since = 0.0  # monotonic time of the first write the database refused
 
     def add(self, kind: str, data: dict[str, Any]) -> None:
         if self.count >= settings.TRIAL_EVENT_CAP:
@@ -78,7 +80,23 @@ class Recorder:
 
     def flush(self, fenced: bool = False) -> bool:
         """Write the buffered events; True when there were some and their pages were told.
-        `fenced`: the caller's transaction has just checked the lease (storing the outcome)."""
+        `fenced`: the caller's transaction has just checked the lease (storing the outcome).
+        While the database cannot be reached the events stay buffered (up to the cap) and the
+        trial goes on: they are written with the outcome, which the worker reports once the
+        database is back (`runner.TrialExecution.persist`)."""
+        if fenced or connection.in_atomic_block:
+            return self._flush(fenced)
+        try:
+            return self._flush(fenced)
+        except (OperationalError, InterfaceError) as exc:
+            if not self.unwritten_since:
+                logger.warning("trial %s: events kept until the database answers (%s)", self.trial_id, exc)
+                self.unwritten_since = time.monotonic()
+            drop_connection()
+            self.last_flush = time.monotonic()
+            return False
+
+    def _flush(self, fenced: bool) -> bool:
         wrote = bool(self.buffer)
         if wrote:
             # The events and their notice commit together (a notice outside the transaction was
@@ -93,6 +111,7 @@ class Recorder:
             self.buffer = []
             release_connection()
         self.last_flush = time.monotonic()
+        self.unwritten_since = 0.0
         return wrote and self.run_id is not None
 
     def _lease_held(self) -> bool:

@@ -22,9 +22,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
+from evalsite.db import persistently
 from evalsite.versioning import code_version
 from experiments_app.models import TaskVersion
 from runs_app import live, written
@@ -76,13 +77,31 @@ def run_claimed(trial_id: int, worker: str, on_stored: OnStored | None = None) -
         Run.objects.mark_started(trial.run_id)
     execution = TrialExecution(trial, worker)
     try:
-        outcome = execution.run()
-    except Exception as exc:  # the harness itself failed: never a "failed" trial
-        logger.exception("trial %s crashed in the harness", trial_id)
-        outcome = Outcome(Trial.Status.ERROR, "harness", f"{type(exc).__name__}: {exc}")
+        try:
+            outcome = execution.run()
+        except Exception as exc:
+            if isinstance(exc, OperationalError | InterfaceError) and not execution.agent_started:
+                # The database went away before the agent ran: nothing was spent, so the trial
+                # goes back to the queue as it was (not an error, no attempt counted).
+                logger.warning("trial %s: no database during its setup (%s); queued again", trial_id, exc)
+                execution.box.cleanup()
+                persistently(
+                    execution.give_back, seconds=settings.TRIAL_REPORT_SECONDS, what=f"trial {trial_id}"
+                )
+                return None, trial.run_id
+            # The harness itself failed: never a "failed" trial.
+            logger.exception("trial %s crashed in the harness", trial_id)
+            outcome = Outcome(Trial.Status.ERROR, "harness", f"{type(exc).__name__}: {exc}")
+        execution.box.cleanup()
+        # Reported while the lease keeper still renews the trial's lease: a database outage
+        # that outlasts the lease does not hand a trial that ran to another worker.
+        stored = persistently(
+            lambda: execution.persist(outcome, on_stored),
+            seconds=settings.TRIAL_REPORT_SECONDS,
+            what=f"trial {trial_id}'s outcome",
+        )
     finally:
         execution.stop_heartbeat()
-    stored = execution.persist(outcome, on_stored)
     return (outcome.status if stored else None), trial.run_id
 
 
@@ -155,6 +174,7 @@ class TrialExecution:
         self.box = TrialSandbox(trial, trial.config, self.context.stop_reason)
         self.agent_process_seconds = 0.0
         self.components: dict = {}
+        self.agent_started = False  # from then on the trial has cost something: never run twice
 
     # --- the phases ---------------------------------------------------------------------------
 
@@ -217,6 +237,7 @@ class TrialExecution:
         # Written with what follows, or while the agent runs (its first poll, within a second):
         # not in a transaction of its own, as for the setup.
         self.recorder.phase("agent", kind=self.context.agent_kind())
+        self.agent_started = True
         result = AgentPhase(self.box, self.context).run()
         outcome = result.outcome
         self.agent_process_seconds = result.process_seconds
@@ -302,6 +323,20 @@ class TrialExecution:
     def stop_heartbeat(self) -> None:
         self.heartbeat.stop()
         self.box.cleanup()
+
+    def give_back(self) -> bool:
+        """Put the trial back in the queue as it was claimed (same attempt), if it is still ours."""
+        with transaction.atomic():
+            queued = {"status": Trial.Status.QUEUED, "lease_owner": "", "lease_expires_at": None,
+                      "dispatched_at": None, "started_at": None, "host": ""}  # fmt: skip
+            given = written.update(
+                Trial, queued, "id = %s AND status = %s AND lease_owner = %s",
+                [self.trial.pk, Trial.Status.RUNNING, self.worker],
+            ) == 1  # fmt: skip
+            if given:
+                written.count_given_back(self.trial.pk)
+                live.publish(self.trial.run_id, self.trial.pk)
+        return given
 
     def persist(self, outcome: Outcome, on_stored: OnStored | None = None) -> bool:
         """Write the trial's outcome in one transaction, only while it is still ours."""

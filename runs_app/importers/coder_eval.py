@@ -35,6 +35,7 @@ from experiments_app.definitions import add_recorded_variants, recorded_experime
 from experiments_app.models import Experiment, Task, TaskVersion, Variant
 from experiments_app.specs import TaskSpec
 from experiments_app.specs.task import TASK_ID_RE
+from experiments_app.specs.yaml_errors import load_yaml
 from runs_app.analysis import rollup
 from runs_app.engine.suites import evaluate_suites
 from runs_app.launching import trial_fingerprint
@@ -133,6 +134,9 @@ def _read_json(path: Path, problems: list[str], required: bool = False) -> dict 
         return None
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(f"{path}: cannot be read: {exc}")
+        return None
+    except RecursionError:
+        problems.append(f"{path}: the JSON is nested too deeply to be a coder-eval record")
         return None
     if not isinstance(data, dict):
         problems.append(f"{path}: expected a JSON object, got {type(data).__name__}")
@@ -326,7 +330,7 @@ def _create_task(slug: str, trial: RecordedTrial, run_id: str) -> tuple[Task, st
 def _spec_of(source_yaml: str) -> tuple[dict, str]:
     """The validated spec, or the raw mapping and why it does not validate in evalsite."""
     try:
-        data = yaml.safe_load(source_yaml)
+        data = load_yaml(source_yaml)
     except yaml.YAMLError as exc:
         return {}, f"recorded task YAML does not parse: {exc}"
     if not isinstance(data, dict):

@@ -11,7 +11,7 @@ from runs_app import control
 from runs_app.analysis import rollup
 from runs_app.engine import leases, runner, trial_sandbox
 from runs_app.launching import LaunchError, LaunchOptions, launch_run
-from runs_app.models import Run, Trial
+from runs_app.models import Run, Trial, Worker
 from runs_app.tests.factories import launched_smoke_run
 
 pytestmark = pytest.mark.django_db
@@ -24,8 +24,13 @@ def run(django_capture_on_commit_callbacks):
 
 
 def _claim_and_expire(trial: Trial) -> None:
+    """Claimed by a worker that died a minute ago, while another worker kept reporting."""
     assert runner.claim(trial.pk, "dead-worker")
-    Trial.objects.filter(pk=trial.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    now = timezone.now()
+    Trial.objects.filter(pk=trial.pk).update(lease_expires_at=now - timedelta(seconds=60))
+    Worker.objects.update_or_create(
+        name="celery@alive", defaults={"reachable_since": now - timedelta(hours=1), "last_seen_at": now}
+    )
 
 
 def test_the_reaper_requeues_a_dead_workers_trial_with_a_new_attempt(run):
@@ -36,6 +41,36 @@ def test_the_reaper_requeues_a_dead_workers_trial_with_a_new_attempt(run):
 
     trial.refresh_from_db()
     assert (trial.status, trial.attempt, trial.lease_owner) == ("queued", 2, "")
+
+
+def test_the_reaper_leaves_a_lease_that_ran_out_while_no_worker_reached_the_database(run):
+    trial = Trial.objects.filter(run=run).first()
+    assert runner.claim(trial.pk, "celery@a:11")
+    now = timezone.now()
+    expired = now - timedelta(seconds=25)
+    Trial.objects.filter(pk=trial.pk).update(lease_expires_at=expired)
+    # Every worker's reports stopped with the outage; one came back a second ago.
+    Worker.objects.create(name="celery@a", reachable_since=now - timedelta(seconds=1), last_seen_at=now)
+    Worker.objects.create(name="celery@b", reachable_since=now - timedelta(hours=1), last_seen_at=expired)
+
+    assert control.reap_expired_leases() == 0
+
+    trial.refresh_from_db()
+    assert (trial.status, trial.attempt, trial.lease_owner) == ("running", 1, "celery@a:11")
+
+
+def test_a_lease_is_lost_once_a_worker_reached_the_database_for_two_reports_after_it_ran_out(settings):
+    settings.WORKER_HEARTBEAT_SECONDS = 10
+    now = timezone.now()
+    expired = now - timedelta(seconds=30)
+    back = [(now - timedelta(seconds=3), now)]  # back 3 s ago: its processes are renewing
+    steady = [(now - timedelta(hours=1), now)]  # never lost it: the holder is gone
+    returned = [(expired + timedelta(seconds=5), expired + timedelta(seconds=15))]  # 10 s after
+
+    assert not control.holder_gone(expired, back)
+    assert not control.holder_gone(expired, [])  # nobody reports: nobody could run it anyway
+    assert control.holder_gone(expired, steady)
+    assert control.holder_gone(expired, back + returned)
 
 
 def test_the_reaper_marks_the_last_allowed_attempt_as_error(run, settings):

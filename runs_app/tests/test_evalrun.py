@@ -190,6 +190,16 @@ def test_it_exits_2_on_bad_input_and_starts_nothing(transactional_db, tmp_path):
           max_turns: -3
         """,
     )
+    typo = write(
+        tmp_path / "typo" / "task.yaml",
+        """
+        task_id: typo
+        initial_prompt: "x"
+        max_iteratons: 3
+        success_criteria:
+          - {type: file_exists, path: a}
+        """,
+    )
 
     bad_file = evalrun(SMOKE_TASKS[0], broken.parent, "-T", "oracle")
     bad_path = evalrun(SMOKE_TASKS[0], "-T", "oracle", "-D", "run_limits.max_turnz=5")
@@ -203,6 +213,11 @@ def test_it_exits_2_on_bad_input_and_starts_nothing(transactional_db, tmp_path):
         (7, "run_limits.max_turns"),
     ):
         assert f"{broken}:{line}: {field}" in bad_file.stderr
+    # The loader's messages say nothing of a flag (the web has none); evalrun names its own.
+    unknown = evalrun(typo.parent, "-T", "oracle")
+    assert unknown.returncode == 2 and f"{typo}:3: max_iteratons: unknown key" in unknown.stderr
+    assert unknown.stderr.rstrip().endswith("--lenient keeps unknown keys as warnings")
+    assert "--lenient" not in bad_file.stderr
     assert (bad_path.returncode, twice.returncode) == (2, 2)
     assert "did you mean 'max_turns'" in bad_path.stderr
     assert "'run_limits.max_turns' is set twice" in twice.stderr

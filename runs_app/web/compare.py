@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
+from django.utils.datastructures import MultiValueDict
 from django.views.decorators.http import require_GET
 
 from experiments_app.models import Experiment
@@ -105,7 +106,21 @@ def experiment_compare(request: HttpRequest, slug: str) -> HttpResponse:
     experiment = get_experiment_for_user(request, slug)
     run_form = RunSelectionForm(request.GET, experiment=experiment)
     runs = _selected_runs(experiment, run_form)
+    if run_form.is_valid():
+        run_form.data = _as_picked(run_form, runs)
     return _comparison_response(request, experiment, runs, run_form=run_form)
+
+
+def _as_picked(form: RunSelectionForm, runs: Sequence[Run]) -> MultiValueDict:
+    """The picker as the page shows it: every run compared ticked (one outside the recent list
+    typed), whatever named them (ticks, typed numbers, or the default latest two)."""
+    listed = {pk for pk, _ in form.fields["pick"].choices}
+    return MultiValueDict(
+        {
+            "pick": [str(run.pk) for run in runs if run.pk in listed],
+            "runs": [",".join(str(run.pk) for run in runs if run.pk not in listed)],
+        }
+    )
 
 
 def _selected_runs(experiment: Experiment, form: RunSelectionForm) -> list[Run]:

@@ -77,10 +77,10 @@ def launch_preview(experiment) -> tuple[list, list[tuple[str, int, str]], list[s
     except LaunchError as exc:
         return [], [], exc.problems[:10]
     counts = Counter(trial.variant.slug for trial in trials)
-    first: dict[str, dict] = {}
+    first: dict[str, tuple[dict, dict]] = {}
     for trial in trials:
-        first.setdefault(trial.variant.slug, trial.config)
-    shown = [(slug, counts[slug], as_text(config_for_kind(config)[0])) for slug, config in first.items()]
+        first.setdefault(trial.variant.slug, (trial.config, trial.lineage))
+    shown = [(slug, counts[slug], as_text(config_for_kind(*first[slug])[0])) for slug in first]
     return trials, shown, []
 
 

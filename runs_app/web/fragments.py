@@ -21,6 +21,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import KeyedLocks
 from experiments_app.specs.gates import NON_INFERIORITY_MARGIN
 from runs_app import control, live
@@ -46,6 +47,10 @@ TRIAL_SORTS = {
     "finished": ("recently finished", (F("finished_at").desc(nulls_last=True), "pk")),
     "slowest": ("slowest", (F("duration_seconds").desc(nulls_last=True), "pk")),
 }
+# The pager's links in each order (the previous page, the next).
+PAGER_WORDS = {
+    "": ("← earlier", "later →"), "finished": ("← newer", "older →"), "slowest": ("← slower", "faster →"),
+}  # fmt: skip
 
 PAGE_STALE_SECONDS = 1.0
 KEPT_SECONDS = 5.0
@@ -110,6 +115,7 @@ def run_context(run: Run, filters: dict, now=None) -> dict:
         "trials": trials,
         "has_more": has_more,
         "page": page,
+        "pager_words": PAGER_WORDS[filters.get("sort") or ""],
         "next_query": urlencode({**query, "page": page + 1}),
         "prev_query": urlencode({**query, "page": page - 1}) if page > 1 else "",
         "filter_query": filter_query(filters),
@@ -126,9 +132,9 @@ def filter_query(filters: dict) -> str:
 
 _lock = threading.Lock()
 _states: dict[int, tuple[int, float, RunState | None]] = {}
-_state_locks = KeyedLocks()
+_state_locks = KeyedLocks(before_wait=give_back_connection)
 _parts: dict[tuple, tuple[RunState, float, dict]] = {}
-_part_locks = KeyedLocks()
+_part_locks = KeyedLocks(before_wait=give_back_connection)
 
 
 def run_state(run_id: int) -> RunState | None:

@@ -10,6 +10,7 @@ from datetime import datetime
 import yaml
 from django.db.models import Count, Sum
 
+from evalsite.db import give_back_connection
 from evalsite.keyed_locks import Recent
 from experiments_app.models import Variant
 from experiments_app.specs import agent_kinds
@@ -21,7 +22,7 @@ from runs_app.models import Run, Trial, TrialEvent, UnitTally
 # The lists a team's viewers all load (home, runs, experiments), computed at most once a second
 # per web process: a hundred viewers cost one set of queries a second, and a list is at most a
 # second behind.
-LISTS = Recent(1.0)
+LISTS = Recent(1.0, before_wait=give_back_connection)
 
 
 @dataclass
@@ -40,8 +41,10 @@ class VariantRow:
     arm: ArmSummary | None = None  # the comparison's figures: the same on every page
 
     @property
-    def done(self) -> int:
-        return self.passed + self.failed + self.error + self.cancelled
+    def ran(self) -> int:
+        """Trials that reached an outcome (a cancelled one never ran: "72/72 done" of a run
+        cancelled after 6 said nothing)."""
+        return self.passed + self.failed + self.error
 
     @property
     def pass_rate(self) -> float | None:
@@ -309,15 +312,20 @@ def transcript_rows(events: list[TrialEvent]) -> list[EventRow]:
     return [row for row in new if row is not folder.summary] + ([folder.summary] if folder.summary else [])
 
 
-def config_for_kind(config: dict) -> tuple[dict, list[str]]:
-    """The resolved config with only the agent options its kind reads (the builtin Claude Code
-    defaults reach every kind's config, where they mean nothing), and the keys left out."""
+def config_for_kind(config: dict, lineage: dict | None = None) -> tuple[dict, list[str]]:
+    """The resolved config with only the agent options its kind reads, and the keys left out.
+    The builtin layer's agent options are Claude Code's defaults: they reach every kind's config
+    (coder-eval resolves so, and the fingerprint covers them), where they mean nothing; so they
+    are left out of another kind's, `model` too (a command agent showed a Claude model)."""
     agent = config.get("agent")
     kind = agent.get("type") if isinstance(agent, dict) else None
     if kind not in agent_kinds.KIND_OPTIONS:
         return config, []
     read = agent_kinds.COMMON_OPTIONS | agent_kinds.KIND_OPTIONS[kind]
-    kept = {k: v for k, v in agent.items() if k in read}
+    builtin = set()
+    if kind != agent_kinds.DEFAULT_KIND:
+        builtin = {key for key in agent if key != "type" and (lineage or {}).get(f"agent.{key}") == "builtin"}
+    kept = {k: v for k, v in agent.items() if k in read and k not in builtin}
     return {**config, "agent": kept}, sorted(set(agent) - set(kept))
 
 

@@ -7,13 +7,14 @@ connection while it waits (each check returns its connection at once), and re-ch
 few seconds in case a notice was missed. It ends once the run is final.
 """
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
@@ -25,6 +26,8 @@ from runs_app.models import Trial, TrialEvent
 from runs_app.web.fragments import PARTS, RunState, for_viewer, live_parts, run_state
 from runs_app.web.presenters import TranscriptFolder
 from runs_app.web.runs import get_run_for_user, trial_filters
+
+logger = logging.getLogger(__name__)
 
 # Without a notice, a stream still checks this often (a missed notice costs at most this).
 STREAM_CHECK_SECONDS = 5.0
@@ -47,16 +50,21 @@ def run_stream_update(
     """One check of the run page's stream: the out-of-band fragments to send when the run's
     counts or status changed since `last_state` (None when nothing changed), and the new state.
     The state is None when the run no longer exists. `sent` holds what this stream sent of
-    each part: a part unchanged since (the very same string) is not sent again."""
+    each part: a part unchanged since is not sent again. With `sent`, parts that change while
+    the counts do not (the banners: no worker, the broker unreachable) are sent too, within
+    fragments.KEPT_SECONDS."""
     state = run_state(run_id)
     if state is None:
         return None, None
-    if state == last_state:
+    if state == last_state and sent is None:
         return None, state
     parts = live_parts(run_id, state, filters or {}, oob=True)
-    changed = [parts[name] for name in PARTS if sent is None or sent.get(name) is not parts[name]]
+    # (A kept part is the very same string: `!=` then costs nothing.)
+    changed = [parts[name] for name in PARTS if sent is None or sent.get(name) != parts[name]]
     if sent is not None:
         sent.update({name: parts[name] for name in PARTS})
+    if not changed:
+        return None, state
     return for_viewer("".join(changed), request, csrf_token), state
 
 
@@ -97,10 +105,15 @@ class RunStream:
         return out
 
 
-def _checked(stream: RunStream) -> bytes:
-    """One check, its database connection given back at once: an idle stream holds none."""
+def _checked(stream: "RunStream | TrialStream") -> bytes:
+    """One check, its database connection given back at once: an idle stream holds none. A
+    check that finds no connection (a busy pool, a database outage) sends nothing: the stream
+    rides it out and checks again at the next notice or STREAM_CHECK_SECONDS."""
     try:
         return stream.step()
+    except DatabaseError as exc:
+        logger.info("stream check skipped: %s", exc)
+        return b""
     finally:
         if not connection.in_atomic_block:  # (a test's transaction is not ours to end)
             connection.close()
@@ -145,8 +158,9 @@ class TrialStream:
         status = Trial.objects.filter(pk=self.trial_id).values_list("status", flat=True).first()
         if self.folder is None:
             # Folded as the page folded what it shows (a tool's output then joins its call there).
-            self.folder = TranscriptFolder()
-            self.folder.add(list(TrialEvent.objects.filter(trial_id=self.trial_id, seq__lte=self.after)))
+            folder = TranscriptFolder()
+            folder.add(list(TrialEvent.objects.filter(trial_id=self.trial_id, seq__lte=self.after)))
+            self.folder = folder
         events = list(
             TrialEvent.objects.filter(trial_id=self.trial_id, seq__gt=self.after).order_by("seq")[:500]
         )

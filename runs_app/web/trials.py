@@ -35,7 +35,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         .only("run_id", "status", "attempt", "is_latest", "finished_at", "error_category", "error_message")
         .order_by("-attempt", "-pk")
     )
-    shown_config, hidden_keys = config_for_kind(trial.config or {})
+    shown_config, hidden_keys = config_for_kind(trial.config or {}, trial.lineage)
     ctx = {
         "trial": trial,
         "run": trial.run,

@@ -2,6 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from evalsite.files import user_umask
 from experiments_app.definitions import export_tasks
 from experiments_app.models import TaskSet
 
@@ -18,6 +19,7 @@ class Command(BaseCommand):
             tasks = TaskSet.objects.get(name=task_set).tasks.all()
         except TaskSet.DoesNotExist:
             raise CommandError(f"no task set named {task_set!r}") from None
-        dest.mkdir(parents=True, exist_ok=True)
-        written = export_tasks(tasks, dest)
+        with user_umask():
+            dest.mkdir(parents=True, exist_ok=True)
+            written = export_tasks(tasks, dest)
         self.stdout.write(self.style.SUCCESS(f"Exported {len(written)} task(s) to {dest}"))

@@ -6,12 +6,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from experiments_app.definitions import ImportFailed, import_experiment, import_experiment_upload
 from experiments_app.models import Experiment
+from experiments_app.specs.yaml_errors import load_yaml
 
 
 def _experiment_id(path: Path) -> str | None:
     """The file's experiment_id, read without importing (None when the file does not say)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
     value = data.get("experiment_id") if isinstance(data, dict) else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from evalsite.agents_install import installing_note
 from experiments_app.specs.agent_kinds import AgentKindInfo
 from runs_app.engine.usage import Usage
 
@@ -398,7 +399,7 @@ def find_cli(
         return found, None
     return None, (
         f"{kind}: the `{program}` CLI is not installed ({local} is missing and it is not on PATH); "
-        f"{INSTALL_HINT}, or set {env_var} to its path"
+        f"{INSTALL_HINT}, or set {env_var} to its path{installing_note()}"
     )
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from evalsite.files import user_umask
 from runs_app.analysis import reports
 from runs_app.models import Run
 
@@ -32,6 +33,7 @@ class Command(BaseCommand):
         if output is None:
             sys.stdout.write(text)
             return
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        with user_umask():
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
         self.stderr.write(f"wrote {output} ({len(text.encode()):,} bytes)")

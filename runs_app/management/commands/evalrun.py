@@ -259,7 +259,10 @@ class Command(BaseCommand):
             )
 
     def _problems(self, title: str, problems: list[str]) -> str:
-        return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems)
+        # (The loader's messages serve the web too, which has no --lenient: the flag is named here.)
+        unknown = any("unknown key" in p for p in problems)
+        hint = "\n--lenient keeps unknown keys as warnings" if unknown else ""
+        return f"{title}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems) + hint
 
     def _check_overrides(self, options) -> None:
         """Fail before importing anything when a -D (or -T/-m) is invalid or given twice."""

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from evalsite.files import user_umask
 from runs_app.analysis.coder_eval_run import export_run
 from runs_app.models import Run
 
@@ -21,7 +22,8 @@ class Command(BaseCommand):
         if run is None:
             raise CommandError(f"no run {run_id}", returncode=2)
         try:
-            written = export_run(run, directory)
+            with user_umask():
+                written = export_run(run, directory)
         except FileExistsError as exc:
             raise CommandError(str(exc), returncode=2) from None
         self.stdout.write(

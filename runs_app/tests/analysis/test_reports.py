@@ -160,10 +160,12 @@ def test_the_html_reports_rows_are_read_from_the_trials_that_did_not_pass_only(f
     assert f"… and {len(failed) - 1} more" in html
 
 
-def test_it_writes_reports_with_the_evalreport_command(finished_run, tmp_path, capsys):
+def test_it_writes_reports_with_the_evalreport_command(finished_run, tmp_path, capsys, settings):
+    settings.USER_UMASK = 0o022  # the person's: evalsite's own files are 0600, a report is theirs
     out = tmp_path / "nested" / "report.xml"
     call_command("evalreport", str(finished_run.pk), "--format", "junit", "-o", str(out), stderr=StringIO())
     assert ET.parse(out).getroot().tag == "testsuites"
+    assert (out.stat().st_mode & 0o777, out.parent.stat().st_mode & 0o777) == (0o644, 0o755)
 
     call_command("evalreport", str(finished_run.pk), "--format", "md")
     assert "## Gates" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from runs_app import control
 from runs_app.analysis import load, rollup
 from runs_app.analysis.stats.comparison import Cell
 from runs_app.engine import runner
-from runs_app.models import CriterionResult, Run, Trial, UnitTally
+from runs_app.models import CriterionResult, Run, Trial, UnitTally, Worker
 from runs_app.tests.factories import assert_tallies_match, launched_smoke_run
 
 pytestmark = pytest.mark.django_db
@@ -129,7 +129,10 @@ def test_the_reaper_cancel_retry_and_resume_keep_the_tallies_current(
     settings.TRIAL_MAX_ATTEMPTS = 1
     trials = list(Trial.objects.filter(run=run).order_by("pk"))
     assert runner.claim(trials[0].pk, "dead-worker")
-    Trial.objects.filter(pk=trials[0].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    Trial.objects.filter(pk=trials[0].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=60))
+    Worker.objects.create(
+        name="alive", reachable_since=timezone.now() - timedelta(hours=1), last_seen_at=timezone.now()
+    )
     control.reap_expired_leases()  # the last allowed attempt: error
     assert_tallies_match(run)
     _store_as_the_runner_does(trials[1], Trial.Status.PASSED, True)

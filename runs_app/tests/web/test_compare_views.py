@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -198,8 +199,13 @@ def test_it_compares_several_runs_of_an_experiment(member_client, django_assert_
     assert [arm.key for arm in comparison.arms][1:3] == [f"new@{old.pk}", f"base@{new.pk}"]
     assert comparison.baseline == f"new@{old.pk}"
     assert "Task changed between run" in response.content.decode()
-    # Without ?runs=: the latest two runs, oldest first.
-    assert [run.pk for run in member_client.get(url).context["runs"]] == [old.pk, new.pk]
+    # Without ?runs=: the latest two runs, oldest first, ticked in the picker.
+    default = member_client.get(url)
+    assert [run.pk for run in default.context["runs"]] == [old.pk, new.pk]
+    ticked = re.findall(r'name="pick" value="(\d+)"[^>]*checked', default.content.decode())
+    assert sorted(map(int, ticked)) == [old.pk, new.pk]
+    typed = member_client.get(f"{url}?runs={old.pk}").content.decode()
+    assert re.findall(r'name="pick" value="(\d+)"[^>]*checked', typed) == [str(old.pk)]
     # Ticked in the picker, the same as typed.
     picked = member_client.get(f"{url}?pick={new.pk}&pick={old.pk}")
     assert [run.pk for run in picked.context["runs"]] == [old.pk, new.pk]

@@ -118,6 +118,8 @@ def test_the_experiment_page_counts_exactly_the_trials_a_launch_makes(member_cli
     assert page.context["trials_per_run"] == launched.n_trials
     assert sum(count for _, count, _ in page.context["preview"]) == launched.trials.count()
     assert "resolved config of its first" in page.content.decode()
+    # The none and oracle arms do not show Claude Code's builtin model.
+    assert not any("claude-sonnet" in config for _, _, config in page.context["preview"])
 
 
 @pytest.mark.django_db(transaction=True)

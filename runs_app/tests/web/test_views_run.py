@@ -1,9 +1,12 @@
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils.timezone import now as timezone_now
 
 from runs_app.analysis import rollup
+from runs_app.engine import runner
 from runs_app.models import Run, Trial
 from runs_app.tests.web.builders import finish_run, finish_trial, launched_run
 
@@ -128,6 +131,11 @@ def test_it_pages_the_trial_table(member_client, monkeypatch):
     assert len(first.context["trials"]) == 4 and first.context["has_more"]
     assert len(second.context["trials"]) == 2 and not second.context["has_more"]
     assert not {t.pk for t in first.context["trials"]} & {t.pk for t in second.context["trials"]}
+    # The pager speaks of the order shown: launch order has no "older".
+    assert "later →" in first.content.decode() and "← earlier" in second.content.decode()
+    assert "older →" not in first.content.decode()
+    by_finish = member_client.get(_url("run_detail", run), {"sort": "finished"}).content.decode()
+    assert "older →" in by_finish
 
 
 def test_it_shows_a_finished_run_without_stream_or_polling(member_client):
@@ -274,6 +282,73 @@ def test_it_says_when_no_worker_is_there_to_run_queued_trials(member_client, mon
 
 
 @pytest.mark.django_db
+def test_a_run_whose_only_worker_died_mid_run_says_so_while_its_trials_count_as_running(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs_app.models import Trial, Worker
+
+    run = launched_run()
+    now = timezone.now()
+    Worker.objects.create(name="celery@host-a", last_seen_at=now - timedelta(minutes=2))
+    for trial in run.trials.order_by("pk")[:2]:
+        assert runner.claim(trial.pk, "celery@host-a:41")
+    Trial.objects.filter(run=run, status="running").update(lease_expires_at=now - timedelta(seconds=90))
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    workers = member_client.get(reverse("worker_list")).content.decode()
+
+    assert 'data-testid="no-worker"' in page and "since 2" in page
+    assert "2 trials counted as running were on a worker that stopped" in page
+    assert 'data-testid="stranded"' in workers and "celery@host-a stopped renewing the leases of 2" in workers
+
+
+@pytest.mark.django_db
+def test_a_run_with_a_live_worker_says_which_trials_lost_theirs(member_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs_app.models import Trial, Worker
+
+    run = launched_run()
+    now = timezone.now()
+    Worker.objects.create(name="celery@host-b", code_version=run.code_version, last_seen_at=now)
+    trial = run.trials.order_by("pk").first()
+    assert runner.claim(trial.pk, "celery@host-a:41")
+    Trial.objects.filter(pk=trial.pk).update(lease_expires_at=now - timedelta(seconds=5))
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+
+    assert 'data-testid="no-worker"' not in page
+    assert "1 running trial lost its worker" in page
+
+
+@pytest.mark.django_db
+def test_the_run_and_workers_pages_say_when_the_broker_cannot_be_reached(member_client, monkeypatch):
+    import socket
+
+    from celery import current_app
+    from kombu import Connection
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(
+        current_app, "connection_for_write", lambda **kw: Connection(f"redis://127.0.0.1:{port}/0", **kw)
+    )
+    run = launched_run()
+
+    page = member_client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    workers = member_client.get(reverse("worker_list")).content.decode()
+
+    assert 'data-testid="broker-down"' in page and f"127.0.0.1:{port}/0" in page
+    assert "Connection refused" in page and "Nothing is lost" in page
+    assert 'data-testid="broker-down"' in workers
+
+
+@pytest.mark.django_db
 def test_the_workers_page_shows_hosts_slots_versions_and_what_runs_where(member_client):
     from django.utils import timezone
 
@@ -306,6 +381,10 @@ def test_a_cancelled_run_says_how_many_ran_and_can_be_resumed(member_client, mem
 
     page = member_client.get(url).content.decode()
     assert "1 of 6 trials ran, 5 cancelled" in page and "Resume 5 cancelled" in page
+    # Each variant says what ran of it, not "done" counting the cancelled ones.
+    ran = [(int(n), int(total)) for n, total in re.findall(r'data-testid="ran">(\d+)/(\d+)', page)]
+    assert sum(n for n, _ in ran) == 1 and sum(total for _, total in ran) == 6, ran
+    assert page.count(" cancelled</div>") == len(ran)
 
     response = member_client.post(reverse("run_resume", args=[run.pk]))
 

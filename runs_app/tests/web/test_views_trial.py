@@ -166,13 +166,29 @@ def test_the_resolved_config_shows_only_the_options_the_agent_kind_reads(member_
     trial = finish_trial(launched_run().trials.order_by("pk").first(), "passed")
     config = {"agent": {"type": "oracle", "model": "m", "permission_mode": "acceptEdits",
                         "allowed_tools": ["Bash"]}, "repeats": 1}  # fmt: skip
-    Trial.objects.filter(pk=trial.pk).update(config=config)
+    lineage = {"agent.type": "variant", "agent.model": "experiment", "agent.permission_mode": "experiment"}
+    Trial.objects.filter(pk=trial.pk).update(config=config, lineage=lineage)
 
     page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
 
     shown = page.context["config_yaml"]
     assert "permission_mode" not in shown and "allowed_tools" not in shown and "type: oracle" in shown
     assert page.context["config_hidden"] == ["allowed_tools", "permission_mode"]
+
+
+def test_a_command_agent_is_not_shown_the_builtin_claude_model(member_client):
+    trial = finish_trial(launched_run().trials.order_by("pk").first(), "passed")
+    config = {"agent": {"type": "command", "command": "./go", "model": "claude-sonnet-4-6"}, "repeats": 1}
+    lineage = {"agent.type": "variant", "agent.command": "variant", "agent.model": "builtin"}
+    Trial.objects.filter(pk=trial.pk).update(config=config, lineage=lineage)
+
+    page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
+
+    assert "claude" not in page.context["config_yaml"] and page.context["config_hidden"] == ["model"]
+    # A model the variant set is the variant's: shown.
+    Trial.objects.filter(pk=trial.pk).update(lineage={**lineage, "agent.model": "variant"})
+    page = member_client.get(reverse("trial_detail", args=[trial.run_id, trial.pk]))
+    assert "model: claude-sonnet-4-6" in page.context["config_yaml"]
 
 
 def test_a_tool_call_and_its_output_read_as_one_item_and_criteria_details_as_fields(member_client):
