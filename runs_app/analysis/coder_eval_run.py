@@ -4,6 +4,7 @@ coder-eval's `report` (Markdown, `--format junit|html`, `--rebuild`) reads and e
 
     DIR/run.json                                  RunSummary
     DIR/<variant>/<task_id>/<NN>/task.json        EvaluationResult, one per replicate NN
+    DIR/<variant>/<suite_id>/suite.json           SuiteRollup, one per dataset task and variant
 
 Field names and meanings follow coder-eval 0.12.16 (`models/results.py`, `docs/REPORT_SCHEMA.md`).
 No experiment.json: coder-eval's ExperimentResult ranks variants per task by its own rules, which
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import evalsite
-from runs_app.models import Run, Trial
+from runs_app.engine.criteria.early_stop import armed, gate_threshold
+from runs_app.models import Run, Trial, TrialEvent
 
 # evalsite status (and what stopped the agent) -> coder-eval FinalStatus; the inverse of the
 # importer's table.
@@ -69,6 +71,8 @@ def export_run(run: Run, directory: Path) -> int:
         _write(folder / "task.json", document)
         results.append(_task_result(trial, document, folder.relative_to(directory)))
     _write(directory / "run.json", run_summary(run, results))
+    for rollup in suite_rollups(run, results):
+        _write(directory / rollup["variant_id"] / rollup["suite_id"] / "suite.json", rollup)
     return len(results)
 
 
@@ -271,9 +275,97 @@ def _command(call: dict, index: int, at: datetime) -> dict[str, Any]:
 
 
 def _early_stop(trial: Trial) -> dict[str, Any] | None:
+    """coder-eval's EarlyStopInfo, every required field filled (`report` refuses a task.json
+    without them): the watcher's note in the transcript names the deciding criterion and call."""
     if not trial.stopped_early:
         return None
-    return {"reason": trial.stopped_early, "deciding_criterion_type": "command_executed"}
+    note = (
+        TrialEvent.objects.filter(trial=trial, kind=TrialEvent.Kind.SYSTEM, data__early_stop__isnull=False)
+        .order_by("seq")
+        .first()
+    )
+    data = note.data if note is not None else {}
+    config = trial.config or {}
+    criteria = [c for c in config.get("success_criteria") or [] if isinstance(c, dict)]
+    descriptions = {r.index: r.description for r in trial.criterion_results.all()}
+    index = data.get("criterion_index", 0)
+    deciding = criteria[index] if 0 <= index < len(criteria) else {}
+    max_turns = (config.get("run_limits") or {}).get("max_turns")
+    started = trial.started_at or trial.queued_at
+    return {
+        "reason": trial.stopped_early,
+        "deciding_criterion_type": str(deciding.get("type") or "command_executed"),
+        "deciding_criterion_description": descriptions.get(index) or str(deciding.get("description") or ""),
+        "armed_criteria": [
+            f"{c.get('type')}: {descriptions.get(i) or c.get('description') or ''}"
+            for i, c in enumerate(criteria)
+            if armed(c)
+        ],
+        "sdk_turn_index": trial.turns,
+        "tool_call_index": int(data.get("tool_call_index") or 0),
+        # From the trial's start to the watcher's note; the agent phase's own start is not kept.
+        "elapsed_seconds": max((note.at - started).total_seconds(), 0.0) if note is not None else 0.0,
+        "turns_remaining_at_stop": max(int(max_turns) - trial.turns, 0) if max_turns else None,
+        "gate_threshold": float(data.get("gate_threshold", gate_threshold(config))),
+    }
+
+
+def suite_rollups(run: Run, results: list[dict]) -> list[dict[str, Any]]:
+    """coder-eval's SuiteRollup per (variant, dataset task): the row counts from the written task
+    results and the suite thresholds' verdicts evalsite judged (`Run.suite_results`)."""
+    judged = {(s["variant"], s["task"]): s for s in run.suite_results or []}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for result in results:
+        suite_id, _, row_id = result["task_id"].partition("/")
+        if row_id:
+            groups.setdefault((result["variant_id"], suite_id), []).append(result)
+    rollups = []
+    for (variant, suite_id), rows in groups.items():
+        statuses = [r["status"] for r in rows]
+        passed = statuses.count("SUCCESS")
+        errors = statuses.count("ERROR")
+        scores = [r["weighted_score"] for r in rows if r["weighted_score"] is not None]
+        suite = judged.get((variant, suite_id)) or {}
+        rollups.append(
+            {
+                "suite_id": suite_id,
+                "variant_id": variant,
+                "rows_total": len(rows),
+                "rows_passed": passed,
+                "rows_failed": len(rows) - passed - errors,
+                "rows_error": errors,
+                "rows_not_graded": 0,
+                "pass_rate": passed / len(rows),
+                "average_weighted_score": sum(scores) / len(scores) if scores else None,
+                "criterion_aggregates": [_aggregate(a) for a in suite.get("criteria") or []],
+                "passed": bool(suite.get("passed", True)),
+            }
+        )
+    return rollups
+
+
+def _aggregate(aggregate: dict) -> dict[str, Any]:
+    """evalsite's criterion aggregate as coder-eval's CriterionAggregate (same metric names)."""
+    checks = aggregate.get("threshold_checks") or []
+    return {
+        "criterion_type": aggregate.get("criterion_type") or aggregate.get("type") or "",
+        "description": aggregate.get("description") or None,
+        "rows_total": aggregate.get("rows_total", 0),
+        "rows_excluded": aggregate.get("rows_excluded", 0),
+        "metrics": dict(aggregate.get("metrics") or {}),
+        "threshold_checks": [
+            {
+                "metric": c.get("metric"),
+                "min_value": c.get("min_value"),
+                "actual_value": c.get("actual_value"),
+                "passed": bool(c.get("passed")),
+            }
+            for c in checks
+        ],
+        "passed": bool(aggregate.get("passed", True)),
+        "details": dict(aggregate.get("details") or {}),
+        "error": aggregate.get("error"),
+    }
 
 
 # evalsite's layer names -> coder-eval's ConfigLineageEntry sources.
