@@ -4,6 +4,7 @@ coder-eval's `report` (Markdown, `--format junit|html`, `--rebuild`) reads and e
 
     DIR/run.json                                  RunSummary
     DIR/<variant>/<task_id>/<NN>/task.json        EvaluationResult, one per replicate NN
+    DIR/<variant>/<task_id>/<NN>/trajectory.json  its transcript as ATIF (as `--format harbor`)
     DIR/<variant>/<suite_id>/suite.json           SuiteRollup, one per dataset task and variant
 
 Field names and meanings follow coder-eval 0.12.16 (`models/results.py`, `docs/REPORT_SCHEMA.md`).
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import evalsite
+from runs_app.analysis.atif import trial_trajectory
 from runs_app.engine.criteria.early_stop import armed, gate_threshold
 from runs_app.models import Run, Trial, TrialEvent
 
@@ -69,6 +71,8 @@ def export_run(run: Run, directory: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         document = evaluation_result(trial)
         _write(folder / "task.json", document)
+        # coder-eval's `--format harbor` sibling: the trial's transcript as ATIF.
+        _write(folder / "trajectory.json", trial_trajectory(trial))
         results.append(_task_result(trial, document, folder.relative_to(directory)))
     _write(directory / "run.json", run_summary(run, results))
     for rollup in suite_rollups(run, results):

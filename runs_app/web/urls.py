@@ -24,6 +24,12 @@ urlpatterns = [
     path("runs/<int:run_id>/failures/", triage.run_failures, name="run_failures"),
     path("tasks/<str:slug>/quarantine/", triage.task_quarantine, name="task_quarantine"),
     path("runs/<int:run_id>/trials/<int:trial_id>/artifact/", trials.trial_artifact, name="trial_artifact"),
+    path("runs/<int:run_id>/trials/<int:trial_id>/trajectory.json", trials.trial_atif, name="trial_atif"),
+    path(
+        "runs/<int:run_id>/trials/<int:trial_id>/trajectory/import/",
+        trials.trial_atif_import,
+        name="trial_atif_import",
+    ),
     path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),
     # Comparison pages; `?format=csv|json&table=summary|trials` on either gives the downloads.
     path("runs/<int:run_id>/compare/", compare.run_compare, name="run_compare"),
