@@ -142,10 +142,16 @@ def job_result(run: Run, job_id: str, results: list[dict]) -> dict[str, Any]:
     """Harbor's JobResult: per (agent, model, dataset) the trials, errors, mean reward (an errored
     trial counts 0, as Harbor's mean metric counts a trial with no reward), and which trials got
     which reward or exception."""
+    # Harbor's `agent__model__dataset` key: a variant is the agent, with the model it names.
+    models = {
+        v.slug: v.agent.get("model") or v.agent.get("type") or "default"
+        for v in run.experiment.variants.all()
+    }
     evals: dict[str, dict[str, Any]] = {}
     rewards: dict[str, list[float]] = {}
     for result in results:
-        key = _eval_key(result)
+        variant = result["config"]["variant"]
+        key = f"{variant}__{models.get(variant, 'default')}__{result['source']}"
         entry = evals.setdefault(
             key,
             {
@@ -179,12 +185,6 @@ def job_result(run: Run, job_id: str, results: list[dict]) -> dict[str, Any]:
             "evals": evals,
         },
     }
-
-
-def _eval_key(result: dict) -> str:
-    """Harbor's `agent__model__dataset` key (a variant is the agent here)."""
-    agent = result["config"]["agent"]
-    return f"{result['config']['variant']}__{agent['model_name'] or agent['name']}__{result['source']}"
 
 
 def _phase(trial: Trial, offset: float | None, seconds: float | None) -> dict[str, Any] | None:
