@@ -3,10 +3,12 @@ was measured and each trial's ATIF trajectory."""
 
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
 from runs_app.models import Run, Trial
 
@@ -73,3 +75,22 @@ def test_it_refuses_a_folder_that_is_not_empty(tmp_path):
     (tmp_path / "x").write_text("x")
     with pytest.raises(CommandError, match="not empty"):
         call_command("export_harbor_job", str(Run.objects.get().pk), str(tmp_path))
+
+
+def test_the_run_page_offers_both_exports_as_zips(tmp_path, member_client):
+    call_command("import_coder_eval_run", str(RUNS / "ab"), stdout=io.StringIO(), stderr=io.StringIO())
+    run = Run.objects.get()
+    page = member_client.get(run.get_absolute_url()).content.decode()
+    assert 'data-testid="export-harbor"' in page and 'data-testid="export-coder-eval"' in page
+
+    response = member_client.get(reverse("run_export", args=[run.pk, "harbor-job"]))
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    names = zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))).namelist()
+    prefix = f"run-{run.pk}-harbor-job/"
+    assert prefix + "result.json" in names
+    assert sum(n.endswith("/agent/trajectory.json") for n in names) == run.n_trials == 12
+
+    response = member_client.get(reverse("run_export", args=[run.pk, "coder-eval-run"]))
+    names = zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))).namelist()
+    assert f"run-{run.pk}-coder-eval-run/run.json" in names
+    assert member_client.get(reverse("run_export", args=[run.pk, "other"])).status_code == 404

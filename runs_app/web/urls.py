@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:run_id>/resume/", runs.run_resume, name="run_resume"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
     path("runs/<int:run_id>/any-version/", runs.run_any_version, name="run_any_version"),
+    path("runs/<int:run_id>/export/<slug:layout>.zip", runs.run_export, name="run_export"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
     path(
         "runs/<int:run_id>/trials/<int:trial_id>/notes/", triage.trial_note_create, name="trial_note_create"
