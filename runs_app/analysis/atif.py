@@ -353,9 +353,7 @@ def import_trajectory(trial: Trial, text: str | bytes, *, user=None, name: str =
     at = trial.started_at or trial.finished_at or timezone.now()
     agent = trajectory.agent
     note = f"imported ATIF trajectory {name}: {agent.name} {agent.version}, {len(trajectory.steps)} steps"
-    items: list[tuple[str, dict]] = [(TrialEvent.Kind.SYSTEM, {"text": note})]
-    for step in trajectory.steps:
-        items += step_events(step)
+    items: list[tuple[str, dict]] = [(TrialEvent.Kind.SYSTEM, {"text": note}), *step_events_of(trajectory)]
     events = [
         TrialEvent(trial=trial, seq=seq, at=at, kind=kind, data=data)
         for seq, (kind, data) in enumerate(items[:MAX_EVENTS], start=1)
@@ -366,6 +364,10 @@ def import_trajectory(trial: Trial, text: str | bytes, *, user=None, name: str =
         trial.trajectory = {**(trial.trajectory or {}), "atif": document}
         trial.save(update_fields=["trajectory"])
     return len(events)
+
+
+def step_events_of(trajectory: Trajectory) -> list[tuple[str, dict]]:
+    return [item for step in trajectory.steps for item in step_events(step)]
 
 
 def step_events(step: Step) -> list[tuple[str, dict]]:

@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
+from runs_app.analysis import atif
 from runs_app.analysis.atif import AtifError, read_trajectory
 from runs_app.launching import launch_run
 from runs_app.models import Run, Trial, TrialEvent
@@ -136,6 +137,9 @@ def test_a_trial_exports_as_atif_and_round_trips_through_an_imported_trial(
     assert json.loads((tmp_path / "ce/v/writes/00/trajectory.json").read_text()) == exported
     call_command("import_coder_eval_run", str(tmp_path / "ce"), "--experiment", "back", stdout=io.StringIO())
     historical = Trial.objects.get(run__historical=True)
+    # the run directory's trajectory.json came along (as coder-eval's `--format harbor` writes it)
+    assert atif.trial_trajectory(historical) == exported
+    assert historical.events.filter(kind="message", data__atif_step=3).exists()
     (tmp_path / "t.json").write_text(json.dumps(exported))
     out = io.StringIO()
     call_command("import_atif", str(historical.pk), str(tmp_path / "t.json"), stdout=out)
