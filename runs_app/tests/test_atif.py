@@ -5,6 +5,7 @@ and the round trip export -> import -> export giving the same JSON."""
 import copy
 import io
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -205,3 +206,19 @@ def assert_coder_eval_reads(exported: dict, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[{'command': 'echo hi > out.txt'}]"
+
+
+@pytest.mark.django_db
+def test_a_run_directory_with_an_invalid_trajectory_is_refused_by_file_step_and_field(tmp_path):
+    shutil.copytree(FIXTURES / "coder-eval-runs" / "ab", tmp_path / "ab")
+    task_json = sorted((tmp_path / "ab").glob("*/**/task.json"))[0]
+    broken = json.loads(CODER_EVAL_ATIF.read_text())
+    broken["steps"][1]["source"] = "assistant"
+    task_json.with_name("trajectory.json").write_text(json.dumps(broken))
+    with pytest.raises(CommandError) as caught:
+        call_command("import_coder_eval_run", str(tmp_path / "ab"), stdout=io.StringIO())
+    where = task_json.with_name("trajectory.json")
+    assert f"{where}: steps[1].source (step_id 2): Input should be 'system', 'user' or 'agent'" in str(
+        caught.value
+    )
+    assert not Run.objects.exists()
