@@ -62,7 +62,7 @@ def export_run(run: Run, directory: Path) -> int:
         .prefetch_related("criterion_results")
         .order_by("variant__position", "task_version__task__slug", "dataset_row_id", "replicate")
     )
-    results = []
+    results, documents = [], []
     for trial in trials.iterator(chunk_size=500):
         folder = directory / trial.variant.slug / trial.task_version.task.slug
         if trial.dataset_row_id:
@@ -74,8 +74,9 @@ def export_run(run: Run, directory: Path) -> int:
         # coder-eval's `--format harbor` sibling: the trial's transcript as ATIF.
         _write(folder / "trajectory.json", trial_trajectory(trial))
         results.append(_task_result(trial, document, folder.relative_to(directory)))
+        documents.append(document)
     _write(directory / "run.json", run_summary(run, results))
-    for rollup in suite_rollups(run, results):
+    for rollup in suite_rollups(run, results, documents):
         _write(directory / rollup["variant_id"] / rollup["suite_id"] / "suite.json", rollup)
     return len(results)
 
@@ -314,21 +315,22 @@ def _early_stop(trial: Trial) -> dict[str, Any] | None:
     }
 
 
-def suite_rollups(run: Run, results: list[dict]) -> list[dict[str, Any]]:
-    """coder-eval's SuiteRollup per (variant, dataset task): the row counts from the written task
-    results and the suite thresholds' verdicts evalsite judged (`Run.suite_results`)."""
+def suite_rollups(run: Run, results: list[dict], documents: list[dict]) -> list[dict[str, Any]]:
+    """coder-eval's SuiteRollup per (variant, dataset task): the row counts, per-criterion stats
+    and failed samples from the written trials, and the suite thresholds' verdicts evalsite
+    judged (`Run.suite_results`), computed as coder-eval's `reports/markdown.py` does."""
     judged = {(s["variant"], s["task"]): s for s in run.suite_results or []}
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for result in results:
+    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for result, document in zip(results, documents, strict=True):
         suite_id, _, row_id = result["task_id"].partition("/")
         if row_id:
-            groups.setdefault((result["variant_id"], suite_id), []).append(result)
+            groups.setdefault((result["variant_id"], suite_id), []).append((result, document))
     rollups = []
     for (variant, suite_id), rows in groups.items():
-        statuses = [r["status"] for r in rows]
+        statuses = [r["status"] for r, _ in rows]
         passed = statuses.count("SUCCESS")
         errors = statuses.count("ERROR")
-        scores = [r["weighted_score"] for r in rows if r["weighted_score"] is not None]
+        scores = [r["weighted_score"] for r, _ in rows if r["weighted_score"] is not None]
         suite = judged.get((variant, suite_id)) or {}
         rollups.append(
             {
@@ -341,11 +343,68 @@ def suite_rollups(run: Run, results: list[dict]) -> list[dict[str, Any]]:
                 "rows_not_graded": 0,
                 "pass_rate": passed / len(rows),
                 "average_weighted_score": sum(scores) / len(scores) if scores else None,
+                "criterion_stats": _criterion_stats([d for _, d in rows]),
+                "failed_samples": _failed_samples(rows),
                 "criterion_aggregates": [_aggregate(a) for a in suite.get("criteria") or []],
                 "passed": bool(suite.get("passed", True)),
             }
         )
     return rollups
+
+
+def _criterion_stats(documents: list[dict]) -> list[dict[str, Any]]:
+    scores: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    for document in documents:
+        for result in document["success_criteria_results"]:
+            scores.setdefault(result["criterion_type"], []).append(result["score"])
+            errors[result["criterion_type"]] = errors.get(result["criterion_type"], 0) + bool(result["error"])
+    return [
+        {
+            "criterion_type": kind,
+            "rows_evaluated": len(values),
+            "average_score": sum(values) / len(values),
+            "error_count": errors[kind],
+        }
+        for kind, values in sorted(scores.items())
+    ]
+
+
+# coder-eval's caps on the failed rows a suite.json lists (`reports/markdown.py`).
+FAILED_SAMPLE_LIMIT, FAILURE_REASONS_PER_ROW, FAILURE_REASON_MAX_LEN = 20, 3, 240
+
+
+def _failed_samples(rows: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    samples = []
+    for result, document in rows:
+        if result["status"] == "SUCCESS":
+            continue
+        if len(samples) >= FAILED_SAMPLE_LIMIT:
+            break
+        reasons = []
+        for criterion in document["success_criteria_results"]:
+            if not criterion["gating"]:
+                continue  # an informational criterion cannot be why the row failed
+            if criterion["error"] is not None or criterion["score"] < criterion["pass_threshold"]:
+                fallback = f"{criterion['criterion_type']}: score={criterion['score']:.2f}"
+                reasons.append(
+                    (criterion["error"] or criterion["details"] or fallback)[:FAILURE_REASON_MAX_LEN]
+                )
+            if len(reasons) >= FAILURE_REASONS_PER_ROW:
+                break
+        samples.append(
+            {
+                "row_id": result["task_id"].partition("/")[2],
+                "task_id": result["task_id"],
+                "final_status": result["status"],
+                "weighted_score": result["weighted_score"],
+                "failure_reasons": reasons,
+                "error_message": result["error_message"],
+                "task_json_relpath": result["result_path"],
+                "replicate_index": result["replicate_index"],
+            }
+        )
+    return samples
 
 
 def _aggregate(aggregate: dict) -> dict[str, Any]:

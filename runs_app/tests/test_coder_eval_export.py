@@ -3,6 +3,7 @@ through the importer with the same outcomes, scores and tokens."""
 
 import io
 import json
+import subprocess
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -127,7 +128,7 @@ def stopped_and_suite_run(tmp_path, worker):
 def test_coder_eval_report_reads_every_exported_trial_with_the_stop_and_the_suite(
     tmp_path, celery_worker_process
 ):
-    from runs_app.tests.coder_eval_cli import run_coder_eval
+    from runs_app.tests.coder_eval_cli import coder_eval_python, run_coder_eval
 
     run = stopped_and_suite_run(tmp_path, celery_worker_process)
     statuses = {
@@ -154,6 +155,23 @@ def test_coder_eval_report_reads_every_exported_trial_with_the_stop_and_the_suit
         1,
         False,
     )
+    assert suite["criterion_stats"] == [
+        {"criterion_type": "file_contains", "rows_evaluated": 2, "average_score": 0.5, "error_count": 0}
+    ]
+    [sample] = suite["failed_samples"]
+    assert (sample["task_id"], sample["task_json_relpath"]) == ("rows/b", "v/rows/b/00/task.json")
+    # coder-eval's own SuiteRollup model takes it as written
+    check = (
+        "import sys; from coder_eval.models.results import SuiteRollup; "
+        "r = SuiteRollup.model_validate_json(open(sys.argv[1]).read()); print(r.rows_graded, r.passed)"
+    )
+    done = subprocess.run(
+        [str(coder_eval_python()), "-c", check, str(target / "v/rows/suite.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stdout.strip() == "2 False", done.stderr
     [aggregate] = suite["criterion_aggregates"]
     assert aggregate["threshold_checks"][0] == {
         "metric": "mean",
