@@ -115,7 +115,7 @@ def stopped_and_suite_run(tmp_path, worker):
     )
     import_folder_tasks(tmp_path)
     agent = json.dumps(
-        f"echo {json.dumps(RM_CALL)}; sleep 0.3; echo {json.dumps(CALL)}; echo hi > out.txt; sleep 6"
+        f"echo {json.dumps(RM_CALL)}; sleep 0.3; echo {json.dumps(CALL)}; echo hi > out.txt; sleep 3"
     )
     experiment = make_experiment(
         tmp_path,
