@@ -177,6 +177,8 @@ def read_trajectory(text: str | bytes, name: str = "trajectory.json") -> Traject
         document = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise AtifError([f"{name}: not JSON ({exc}): give an ATIF trajectory.json"]) from None
+    except RecursionError:
+        raise AtifError([f"{name}: the JSON is nested too deeply to be a trajectory"]) from None
     if not isinstance(document, dict):
         raise AtifError([f"{name}: an ATIF trajectory is a JSON object with schema_version, agent, steps"])
     try:

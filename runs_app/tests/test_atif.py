@@ -222,3 +222,8 @@ def test_a_run_directory_with_an_invalid_trajectory_is_refused_by_file_step_and_
         caught.value
     )
     assert not Run.objects.exists()
+
+
+def test_it_refuses_json_nested_too_deeply():
+    with pytest.raises(AtifError, match="nested too deeply"):
+        read_trajectory("[" * 100_000 + "]" * 100_000, "deep.json")
