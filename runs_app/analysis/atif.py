@@ -317,6 +317,11 @@ def _steps(prompt: str, events: list[TrialEvent], model: str | None, statuses: d
             )
             existing = step.observation.results if step.observation else []
             step.observation = Observation(results=[*existing, result])
+            # A result may carry the call's outcome (an imported coder-eval command does).
+            status = data.get("status")
+            for call in step.tool_calls or []:
+                if call.tool_call_id == call_id and call.extra is None and status in ("success", "error"):
+                    call.extra = {"result_status": status}
     return steps
 
 

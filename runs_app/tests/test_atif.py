@@ -227,3 +227,20 @@ def test_a_run_directory_with_an_invalid_trajectory_is_refused_by_file_step_and_
 def test_it_refuses_json_nested_too_deeply():
     with pytest.raises(AtifError, match="nested too deeply"):
         read_trajectory("[" * 100_000 + "]" * 100_000, "deep.json")
+
+
+@pytest.mark.django_db
+def test_an_imported_coder_eval_trial_without_a_trajectory_exports_its_commands():
+    recorded = FIXTURES / "coder-eval-runs" / "report-schema"
+    call_command("import_coder_eval_run", str(recorded), stdout=io.StringIO(), stderr=io.StringIO())
+    trial = Trial.objects.filter(events__kind="tool_call").distinct().order_by("pk").first()
+    calls = list(trial.events.filter(kind="tool_call").order_by("seq"))
+    exported = atif.trial_trajectory(trial)
+    read_trajectory(json.dumps(exported))  # valid
+    steps = exported["steps"]
+    assert steps[0] == {"step_id": 1, "source": "user", "message": trial.prompt}
+    made = [c for s in steps for c in s.get("tool_calls", [])]
+    assert [c["tool_call_id"] for c in made] == [c.data["id"] for c in calls]
+    assert all(c["extra"]["result_status"] in ("success", "error") for c in made)
+    answered = [r["source_call_id"] for s in steps for r in s.get("observation", {}).get("results", [])]
+    assert answered == [c.data["id"] for c in calls]
