@@ -244,3 +244,41 @@ def test_an_imported_coder_eval_trial_without_a_trajectory_exports_its_commands(
     assert all(c["extra"]["result_status"] in ("success", "error") for c in made)
     answered = [r["source_call_id"] for s in steps for r in s.get("observation", {}).get("results", [])]
     assert answered == [c.data["id"] for c in calls]
+
+
+@pytest.mark.django_db
+def test_thinking_parallel_calls_and_a_simulated_reply_become_steps_in_order():
+    from django.utils import timezone
+
+    from runs_app.tests.web.builders import finish_trial, launched_run
+
+    trial = finish_trial(launched_run().trials.order_by("pk").first(), "passed")
+    events = [
+        ("message", {"thinking": True, "text": "plan"}),
+        ("message", {"text": "two calls"}),
+        ("tool_call", {"id": "a", "name": "Read", "input": {"path": "x"}}),
+        ("tool_call", {"id": "b", "name": "Bash", "input": {"command": "ls"}}),
+        ("tool_result", {"id": "b", "output": "x", "is_error": True}),
+        ("tool_result", {"id": "a", "output": {"lines": 1}}),
+        ("tool_result", {"id": "zz", "output": "a result of no recorded call"}),
+        ("message", {"role": "user", "text": "and now?", "turn": 2}),
+        ("tool_call", {"id": "c", "name": "Bash", "input": "raw"}),
+    ]
+    now = timezone.now()
+    TrialEvent.objects.bulk_create(
+        TrialEvent(trial=trial, seq=i, at=now, kind=kind, data=data)
+        for i, (kind, data) in enumerate(events, 1)
+    )
+    steps = atif.trial_trajectory(trial)["steps"]
+    assert [(s["source"], s["message"], s.get("reasoning_content")) for s in steps] == [
+        ("user", trial.prompt, None),
+        ("agent", "two calls", "plan"),
+        ("user", "and now?", None),
+        ("agent", "", None),
+    ]
+    assert [c["tool_call_id"] for c in steps[1]["tool_calls"]] == ["a", "b"]
+    assert steps[1]["observation"]["results"] == [
+        {"source_call_id": "b", "content": "x", "extra": {"is_error": True}},
+        {"source_call_id": "a", "content": '{"lines": 1}'},
+    ]
+    assert steps[3]["tool_calls"][0]["arguments"] == {"input": "raw"}
