@@ -352,6 +352,15 @@ def ensure_may_import(trial: Trial, user) -> None:
         )
 
 
+def may_import(trial: Trial, user) -> bool:
+    """Whether `ensure_may_import` lets `user` import into `trial` (the trial page's form)."""
+    try:
+        ensure_may_import(trial, user)
+    except ImportRefused:
+        return False
+    return True
+
+
 def import_trajectory(trial: Trial, text: str | bytes, *, user=None, name: str = "trajectory.json") -> int:
     """Replace the trial's transcript with the steps of one ATIF file. Returns the events written."""
     ensure_may_import(trial, user)

@@ -170,6 +170,7 @@ def test_the_trial_page_imports_a_coder_eval_trajectory_for_its_owner_only(admin
 
     member_client = Client()
     member_client.force_login(member)
+    assert 'data-testid="atif-import"' not in member_client.get(trial.get_absolute_url()).content.decode()
     with CODER_EVAL_ATIF.open("rb") as handle:
         assert member_client.post(url, {"file": handle}).status_code == 403
     with CODER_EVAL_ATIF.open("rb") as handle:

@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from runs_app.analysis.atif import AtifError, ImportRefused, import_trajectory, trial_trajectory
+from runs_app.analysis.atif import AtifError, ImportRefused, import_trajectory, may_import, trial_trajectory
 from runs_app.models import Trial
 from runs_app.web.presenters import as_text, config_for_kind, transcript_rows
 from runs_app.web.triage import COMMON_LABELS
@@ -58,7 +58,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "role_usage": [(role, usage) for role, usage in sorted(trial.role_usage.items()) if role != "agent"],
         "notes": trial.notes.select_related("author"),
         "labels": COMMON_LABELS,
-        "atif_form": AtifForm() if trial.run.historical else None,
+        "atif_form": AtifForm() if may_import(trial, request.user) else None,
     }
     return render(request, "runs/trial_detail.html", ctx)
 
