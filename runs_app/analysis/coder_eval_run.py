@@ -4,6 +4,8 @@ coder-eval's `report` (Markdown, `--format junit|html`, `--rebuild`) reads and e
 
     DIR/run.json                                  RunSummary
     DIR/<variant>/<task_id>/<NN>/task.json        EvaluationResult, one per replicate NN
+    DIR/<variant>/<task_id>/<NN>/trajectory.json  its transcript as ATIF (as `--format harbor`)
+    DIR/<variant>/<suite_id>/suite.json           SuiteRollup, one per dataset task and variant
 
 Field names and meanings follow coder-eval 0.12.16 (`models/results.py`, `docs/REPORT_SCHEMA.md`).
 No experiment.json: coder-eval's ExperimentResult ranks variants per task by its own rules, which
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import evalsite
-from runs_app.models import Run, Trial
+from runs_app.analysis.atif import trial_trajectory
+from runs_app.engine.criteria.early_stop import armed, gate_threshold
+from runs_app.models import Run, Trial, TrialEvent
 
 # evalsite status (and what stopped the agent) -> coder-eval FinalStatus; the inverse of the
 # importer's table.
@@ -58,7 +62,7 @@ def export_run(run: Run, directory: Path) -> int:
         .prefetch_related("criterion_results")
         .order_by("variant__position", "task_version__task__slug", "dataset_row_id", "replicate")
     )
-    results = []
+    results, documents = [], []
     for trial in trials.iterator(chunk_size=500):
         folder = directory / trial.variant.slug / trial.task_version.task.slug
         if trial.dataset_row_id:
@@ -67,8 +71,13 @@ def export_run(run: Run, directory: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         document = evaluation_result(trial)
         _write(folder / "task.json", document)
+        # coder-eval's `--format harbor` sibling: the trial's transcript as ATIF.
+        _write(folder / "trajectory.json", trial_trajectory(trial))
         results.append(_task_result(trial, document, folder.relative_to(directory)))
+        documents.append(document)
     _write(directory / "run.json", run_summary(run, results))
+    for rollup in suite_rollups(run, results, documents):
+        _write(directory / rollup["variant_id"] / rollup["suite_id"] / "suite.json", rollup)
     return len(results)
 
 
@@ -271,9 +280,155 @@ def _command(call: dict, index: int, at: datetime) -> dict[str, Any]:
 
 
 def _early_stop(trial: Trial) -> dict[str, Any] | None:
+    """coder-eval's EarlyStopInfo, every required field filled (`report` refuses a task.json
+    without them): the watcher's note in the transcript names the deciding criterion and call."""
     if not trial.stopped_early:
         return None
-    return {"reason": trial.stopped_early, "deciding_criterion_type": "command_executed"}
+    note = (
+        TrialEvent.objects.filter(trial=trial, kind=TrialEvent.Kind.SYSTEM, data__early_stop__isnull=False)
+        .order_by("seq")
+        .first()
+    )
+    data = note.data if note is not None else {}
+    config = trial.config or {}
+    criteria = [c for c in config.get("success_criteria") or [] if isinstance(c, dict)]
+    descriptions = {r.index: r.description for r in trial.criterion_results.all()}
+    index = data.get("criterion_index", 0)
+    deciding = criteria[index] if 0 <= index < len(criteria) else {}
+    max_turns = (config.get("run_limits") or {}).get("max_turns")
+    started = trial.started_at or trial.queued_at
+    return {
+        "reason": trial.stopped_early,
+        "deciding_criterion_type": str(deciding.get("type") or "command_executed"),
+        "deciding_criterion_description": descriptions.get(index) or str(deciding.get("description") or ""),
+        "armed_criteria": [
+            f"{c.get('type')}: {descriptions.get(i) or c.get('description') or ''}"
+            for i, c in enumerate(criteria)
+            if armed(c)
+        ],
+        "sdk_turn_index": trial.turns,
+        "tool_call_index": int(data.get("tool_call_index") or 0),
+        # From the trial's start to the watcher's note; the agent phase's own start is not kept.
+        "elapsed_seconds": max((note.at - started).total_seconds(), 0.0) if note is not None else 0.0,
+        "turns_remaining_at_stop": max(int(max_turns) - trial.turns, 0) if max_turns else None,
+        "gate_threshold": float(data.get("gate_threshold", gate_threshold(config))),
+    }
+
+
+def suite_rollups(run: Run, results: list[dict], documents: list[dict]) -> list[dict[str, Any]]:
+    """coder-eval's SuiteRollup per (variant, dataset task): the row counts, per-criterion stats
+    and failed samples from the written trials, and the suite thresholds' verdicts evalsite
+    judged (`Run.suite_results`), computed as coder-eval's `reports/markdown.py` does."""
+    judged = {(s["variant"], s["task"]): s for s in run.suite_results or []}
+    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for result, document in zip(results, documents, strict=True):
+        suite_id, _, row_id = result["task_id"].partition("/")
+        if row_id:
+            groups.setdefault((result["variant_id"], suite_id), []).append((result, document))
+    rollups = []
+    for (variant, suite_id), rows in groups.items():
+        statuses = [r["status"] for r, _ in rows]
+        passed = statuses.count("SUCCESS")
+        errors = statuses.count("ERROR")
+        scores = [r["weighted_score"] for r, _ in rows if r["weighted_score"] is not None]
+        suite = judged.get((variant, suite_id)) or {}
+        rollups.append(
+            {
+                "suite_id": suite_id,
+                "variant_id": variant,
+                "rows_total": len(rows),
+                "rows_passed": passed,
+                "rows_failed": len(rows) - passed - errors,
+                "rows_error": errors,
+                "rows_not_graded": 0,
+                "pass_rate": passed / len(rows),
+                "average_weighted_score": sum(scores) / len(scores) if scores else None,
+                "criterion_stats": _criterion_stats([d for _, d in rows]),
+                "failed_samples": _failed_samples(rows),
+                "criterion_aggregates": [_aggregate(a) for a in suite.get("criteria") or []],
+                "passed": bool(suite.get("passed", True)),
+            }
+        )
+    return rollups
+
+
+def _criterion_stats(documents: list[dict]) -> list[dict[str, Any]]:
+    scores: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    for document in documents:
+        for result in document["success_criteria_results"]:
+            scores.setdefault(result["criterion_type"], []).append(result["score"])
+            errors[result["criterion_type"]] = errors.get(result["criterion_type"], 0) + bool(result["error"])
+    return [
+        {
+            "criterion_type": kind,
+            "rows_evaluated": len(values),
+            "average_score": sum(values) / len(values),
+            "error_count": errors[kind],
+        }
+        for kind, values in sorted(scores.items())
+    ]
+
+
+# coder-eval's caps on the failed rows a suite.json lists (`reports/markdown.py`).
+FAILED_SAMPLE_LIMIT, FAILURE_REASONS_PER_ROW, FAILURE_REASON_MAX_LEN = 20, 3, 240
+
+
+def _failed_samples(rows: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    samples = []
+    for result, document in rows:
+        if result["status"] == "SUCCESS":
+            continue
+        if len(samples) >= FAILED_SAMPLE_LIMIT:
+            break
+        reasons = []
+        for criterion in document["success_criteria_results"]:
+            if not criterion["gating"]:
+                continue  # an informational criterion cannot be why the row failed
+            if criterion["error"] is not None or criterion["score"] < criterion["pass_threshold"]:
+                fallback = f"{criterion['criterion_type']}: score={criterion['score']:.2f}"
+                reasons.append(
+                    (criterion["error"] or criterion["details"] or fallback)[:FAILURE_REASON_MAX_LEN]
+                )
+            if len(reasons) >= FAILURE_REASONS_PER_ROW:
+                break
+        samples.append(
+            {
+                "row_id": result["task_id"].partition("/")[2],
+                "task_id": result["task_id"],
+                "final_status": result["status"],
+                "weighted_score": result["weighted_score"],
+                "failure_reasons": reasons,
+                "error_message": result["error_message"],
+                "task_json_relpath": result["result_path"],
+                "replicate_index": result["replicate_index"],
+            }
+        )
+    return samples
+
+
+def _aggregate(aggregate: dict) -> dict[str, Any]:
+    """evalsite's criterion aggregate as coder-eval's CriterionAggregate (same metric names)."""
+    checks = aggregate.get("threshold_checks") or []
+    return {
+        "criterion_type": aggregate.get("criterion_type") or aggregate.get("type") or "",
+        "description": aggregate.get("description") or None,
+        "rows_total": aggregate.get("rows_total", 0),
+        "rows_excluded": aggregate.get("rows_excluded", 0),
+        "metrics": dict(aggregate.get("metrics") or {}),
+        "threshold_checks": [
+            {
+                "metric": c.get("metric"),
+                "min_value": c.get("min_value"),
+                "actual_value": c.get("actual_value"),
+                "passed": bool(c.get("passed")),
+            }
+            for c in checks
+        ],
+        "passed": bool(aggregate.get("passed", True)),
+        "details": dict(aggregate.get("details") or {}),
+        "error": aggregate.get("error"),
+    }
 
 
 # evalsite's layer names -> coder-eval's ConfigLineageEntry sources.

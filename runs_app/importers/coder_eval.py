@@ -36,7 +36,7 @@ from experiments_app.models import Experiment, Task, TaskVersion, Variant
 from experiments_app.specs import TaskSpec
 from experiments_app.specs.task import TASK_ID_RE
 from experiments_app.specs.yaml_errors import load_yaml
-from runs_app.analysis import rollup
+from runs_app.analysis import atif, rollup
 from runs_app.engine.suites import evaluate_suites
 from runs_app.launching import trial_fingerprint
 from runs_app.models import CriterionResult, Run, Trial, TrialEvent
@@ -77,6 +77,8 @@ class RecordedTrial:
     row_id: str  # dataset row ("suite_id/row_id" task ids), else ""
     replicate: int
     data: dict[str, Any]
+    # The sibling trajectory.json (`coder-eval run --format harbor`, evalsite's export), when present.
+    trajectory: atif.Trajectory | None = None
 
 
 @dataclass
@@ -184,7 +186,15 @@ def _read_trial(directory: Path, path: Path, problems: list[str]) -> RecordedTri
         problems.append(f"{path}: variant_id: {variant!r} cannot be an evalsite variant slug")
         return None
     replicate = int(parts[-2]) if parts[-2].isdigit() else int(data.get("replicate_index") or 0)
-    return RecordedTrial(path, variant, slug, row_id, replicate, data)
+    trajectory = None
+    sibling = path.with_name("trajectory.json")
+    if sibling.is_file():
+        try:
+            trajectory = atif.read_trajectory(sibling.read_bytes(), str(sibling))
+        except atif.AtifError as exc:
+            problems.extend(exc.problems)
+            return None
+    return RecordedTrial(path, variant, slug, row_id, replicate, data, trajectory)
 
 
 def _datetime(value: Any) -> datetime | None:
@@ -449,6 +459,7 @@ def _trial(recorded: RecordedRun, record: RecordedTrial, run: Run, variant: Vari
         budget_exceeded=stopped_by if stopped_by in ("tokens", "usd", "turns") else "",
         agent_stdout="\n".join(str(i.get("agent_output") or "") for i in iterations)[:MAX_TEXT],
         agent_stderr=str(data.get("error_log_tail") or "")[:MAX_TEXT],
+        trajectory={"atif": atif.dump(record.trajectory)} if record.trajectory is not None else None,
     )
 
 
@@ -503,6 +514,10 @@ def _events(trial: Trial, record: RecordedTrial, directory: Path) -> list[TrialE
     at = trial.started_at or trial.finished_at or timezone.now()
     source = record.path.relative_to(directory).as_posix()
     items = [("system", at, {"text": f"imported from coder-eval run {directory.name}: {source}"})]
+    if record.trajectory is not None:  # the full transcript: its steps rather than the commands
+        items[0][2]["text"] += " and its trajectory.json"
+        items += [(kind, at, data) for kind, data in atif.step_events_of(record.trajectory)]
+        return _numbered(trial, items)
     for iteration in _iterations(record.data):
         when = _datetime(iteration.get("timestamp")) or at
         for command in iteration.get("commands") or []:
@@ -510,6 +525,10 @@ def _events(trial: Trial, record: RecordedTrial, directory: Path) -> list[TrialE
                 items += _tool_events(command, _datetime(command.get("timestamp")) or when)
         if iteration.get("agent_output"):
             items.append(("output", when, {"text": str(iteration["agent_output"])[:MAX_TEXT]}))
+    return _numbered(trial, items)
+
+
+def _numbered(trial: Trial, items: list[tuple[str, datetime, dict]]) -> list[TrialEvent]:
     return [
         TrialEvent(trial=trial, seq=seq, at=when, kind=kind, data=data)
         for seq, (kind, when, data) in enumerate(items[:MAX_EVENTS_PER_TRIAL], start=1)

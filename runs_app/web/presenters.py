@@ -201,7 +201,11 @@ def event_row(event: TrialEvent) -> EventRow:
         row.title = str(data.get("phase", "phase"))
         row.text = ", ".join(f"{k}: {v}" for k, v in data.items() if k != "phase" and v not in ("", None))
     elif kind == TrialEvent.Kind.MESSAGE and data.get("role") == "user":  # a simulated user's reply
-        row.title = f"user ({data.get('answerer') or 'simulated'}), turn {data.get('turn', '?')}"
+        row.title = (
+            f"user, step {data['atif_step']}"  # an imported ATIF trajectory's user step
+            if "atif_step" in data
+            else f"user ({data.get('answerer') or 'simulated'}), turn {data.get('turn', '?')}"
+        )
         row.text, row.css = as_text(data.get("text", "")), "user"
     elif kind == TrialEvent.Kind.MESSAGE:
         thinking = bool(data.get("thinking") or data.get("reasoning"))
@@ -238,7 +242,7 @@ def event_row(event: TrialEvent) -> EventRow:
         text = data.get("text") or data.get("message")
         row.title = str(data.get("subtype") or kind)
         row.text = as_text(text) if text is not None else ""
-        rest = {k: v for k, v in data.items() if k not in ("text", "message", "subtype")}
+        rest = {k: v for k, v in data.items() if k not in ("text", "message", "subtype", "atif_step")}
         row.body = as_text(rest) if rest and kind != TrialEvent.Kind.OUTPUT else ""
     return row
 

@@ -3,6 +3,9 @@
 Cancel and retry go through `control`, which decides who may control a run.
 """
 
+import shutil
+import tempfile
+from pathlib import Path
 from urllib.parse import urlencode
 
 from django import forms
@@ -11,13 +14,15 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import F
-from django.http import HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from experiments_app.models import Experiment
 from runs_app import control
+from runs_app.analysis.coder_eval_run import export_run
+from runs_app.analysis.harbor_job import export_job
 from runs_app.launching import LaunchError, launch_run, rerun_options
 from runs_app.models import Run, Trial, with_last_run
 from runs_app.web.fragments import (
@@ -193,3 +198,25 @@ def run_rerun(request: HttpRequest, run_id: int) -> HttpResponse:
         "versions and the experiment's current variants.",
     )
     return redirect(new)
+
+
+# The run's exports as a zip: the folder layouts the management commands write.
+EXPORTS = {"harbor-job": export_job, "coder-eval-run": export_run}
+
+
+@login_required
+@require_GET
+def run_export(request: HttpRequest, run_id: int, layout: str) -> FileResponse:
+    """A finished run as Harbor's job directory or coder-eval's run directory, zipped."""
+    run = get_run_for_user(request, run_id)
+    if layout not in EXPORTS:
+        raise Http404(f"no export named {layout}")
+    if not run.is_final:
+        raise Http404("the run has not ended: export it once it has")
+    name = f"run-{run.pk}-{layout}"
+    with tempfile.TemporaryDirectory(prefix="evalsite-export-") as scratch:
+        EXPORTS[layout](run, Path(scratch) / name)
+        archive = shutil.make_archive(str(Path(scratch) / name), "zip", scratch, name)
+        # Opened before the folder goes: the open file outlives its name.
+        handle = open(archive, "rb")  # noqa: SIM115
+    return FileResponse(handle, as_attachment=True, filename=f"{name}.zip", content_type="application/zip")

@@ -1,12 +1,17 @@
 """The trial page: criteria, the transcript, the diff, timings, the resolved config, attempts."""
 
+import json
+
+from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.files.storage import default_storage
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
+from runs_app.analysis.atif import AtifError, ImportRefused, import_trajectory, may_import, trial_trajectory
 from runs_app.models import Trial
 from runs_app.web.presenters import as_text, config_for_kind, transcript_rows
 from runs_app.web.triage import COMMON_LABELS
@@ -53,6 +58,7 @@ def trial_detail(request: HttpRequest, run_id: int, trial_id: int) -> HttpRespon
         "role_usage": [(role, usage) for role, usage in sorted(trial.role_usage.items()) if role != "agent"],
         "notes": trial.notes.select_related("author"),
         "labels": COMMON_LABELS,
+        "atif_form": AtifForm() if may_import(trial, request.user) else None,
     }
     return render(request, "runs/trial_detail.html", ctx)
 
@@ -72,3 +78,48 @@ def trial_artifact(request: HttpRequest, run_id: int, trial_id: int) -> FileResp
         filename=name,
         content_type="application/gzip",
     )
+
+
+@login_required
+@require_GET
+def trial_atif(request: HttpRequest, run_id: int, trial_id: int) -> HttpResponse:
+    """The trial's transcript as an ATIF trajectory (trajectory.json)."""
+    trial = get_object_or_404(Trial, pk=trial_id, run_id=run_id)
+    response = HttpResponse(
+        json.dumps(trial_trajectory(trial), indent=2) + "\n", content_type="application/json"
+    )
+    response["Content-Disposition"] = f'attachment; filename="run-{run_id}-trial-{trial_id}-trajectory.json"'
+    return response
+
+
+class AtifForm(forms.Form):
+    file = forms.FileField(label="ATIF trajectory.json", max_length=255)
+
+
+MAX_ATIF_BYTES = 20 * 1024 * 1024
+
+
+@login_required
+@require_POST
+def trial_atif_import(request: HttpRequest, run_id: int, trial_id: int) -> HttpResponse:
+    """An ATIF file as the transcript of a trial of an imported run (the service checks who may)."""
+    trial = get_object_or_404(Trial.objects.select_related("run"), pk=trial_id, run_id=run_id)
+    form = AtifForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, "Import: choose an ATIF trajectory.json file.")
+        return redirect(trial)
+    upload = form.cleaned_data["file"]
+    if upload.size > MAX_ATIF_BYTES:
+        messages.error(request, f"Import: {upload.name} is larger than {MAX_ATIF_BYTES // 2**20} MB.")
+        return redirect(trial)
+    try:
+        written = import_trajectory(trial, upload.read(), user=request.user, name=upload.name)
+    except ImportRefused as exc:
+        if exc.forbidden:
+            return HttpResponseForbidden(str(exc))
+        messages.error(request, f"Import refused: {exc}")
+    except AtifError as exc:
+        messages.error(request, "Nothing imported: " + " · ".join(exc.problems[:10]))
+    else:
+        messages.success(request, f"Imported {upload.name}: {written} transcript events.")
+    return redirect(trial)

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:run_id>/resume/", runs.run_resume, name="run_resume"),
     path("runs/<int:run_id>/rerun/", runs.run_rerun, name="run_rerun"),
     path("runs/<int:run_id>/any-version/", runs.run_any_version, name="run_any_version"),
+    path("runs/<int:run_id>/export/<slug:layout>.zip", runs.run_export, name="run_export"),
     path("runs/<int:run_id>/trials/<int:trial_id>/", trials.trial_detail, name="trial_detail"),
     path(
         "runs/<int:run_id>/trials/<int:trial_id>/notes/", triage.trial_note_create, name="trial_note_create"
@@ -24,6 +25,12 @@ urlpatterns = [
     path("runs/<int:run_id>/failures/", triage.run_failures, name="run_failures"),
     path("tasks/<str:slug>/quarantine/", triage.task_quarantine, name="task_quarantine"),
     path("runs/<int:run_id>/trials/<int:trial_id>/artifact/", trials.trial_artifact, name="trial_artifact"),
+    path("runs/<int:run_id>/trials/<int:trial_id>/trajectory.json", trials.trial_atif, name="trial_atif"),
+    path(
+        "runs/<int:run_id>/trials/<int:trial_id>/trajectory/import/",
+        trials.trial_atif_import,
+        name="trial_atif_import",
+    ),
     path("runs/<int:run_id>/trials/<int:trial_id>/stream/", stream.trial_stream, name="trial_stream"),
     # Comparison pages; `?format=csv|json&table=summary|trials` on either gives the downloads.
     path("runs/<int:run_id>/compare/", compare.run_compare, name="run_compare"),
