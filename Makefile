@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint format venv install install-dev agents browser sandbox containers ripgrep migrate demo worker web clean
+.PHONY: run test lint format venv install install-dev agents browser sandbox containers coder-eval ripgrep migrate demo worker web clean
 
 $(PY):
 	$(PYTHON) scripts/bootstrap_venv.py $(VENV)
@@ -103,6 +103,11 @@ sandbox:
 containers:
 	@scripts/containers.sh
 
+# coder-eval 0.12.16 (the format's reference) in .agents/coder-eval, for the tests and the parity
+# bench that check evalsite against it (needs Python 3.13; skipped with a message without one).
+coder-eval:
+	@scripts/install_coder_eval.sh
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -125,7 +130,7 @@ run: demo sandbox
 worker: install sandbox
 	$(PY) -m celery -A evalsite worker --loglevel=INFO $(if $(WORKER_SLOTS),,--concurrency=2)
 
-test: install-dev agents browser sandbox containers
+test: install-dev agents browser sandbox containers coder-eval
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache

@@ -1,6 +1,7 @@
 """The real coder-eval 0.12.16 command for tests that check evalsite's files with it: `CODER_EVAL`
-(a path) or `coder-eval` on PATH; skipped without one, failed where it must run
-(EVALSITE_REQUIRE_CODER_EVAL=1)."""
+(a path), else the one `make coder-eval` installs (.agents/coder-eval), else `coder-eval` on PATH;
+skipped without one, failed where it must run (EVALSITE_REQUIRE_CODER_EVAL=1, as `.ci/run` sets
+where `make coder-eval` installed it)."""
 
 import os
 import shutil
@@ -8,12 +9,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+
+INSTALLED = settings.BASE_DIR / ".agents" / "coder-eval" / "bin" / "coder-eval"
 
 
 def coder_eval() -> Path:
-    found = os.environ.get("CODER_EVAL") or shutil.which("coder-eval")
+    found = os.environ.get("CODER_EVAL") or (INSTALLED if INSTALLED.is_file() else shutil.which("coder-eval"))
     if not found or not Path(found).is_file():
-        why = "coder-eval not found: set CODER_EVAL=/path/to/coder-eval (0.12.16) or put it on PATH"
+        why = "coder-eval not found: `make coder-eval`, or set CODER_EVAL=/path/to/coder-eval (0.12.16)"
         if os.environ.get("EVALSITE_REQUIRE_CODER_EVAL"):
             pytest.fail(f"{why} (EVALSITE_REQUIRE_CODER_EVAL is set: it must run here)")
         pytest.skip(why)
