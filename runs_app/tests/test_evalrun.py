@@ -273,6 +273,57 @@ def test_it_cancels_the_run_on_ctrl_c(celery_worker_process, start_evalrun, tmp_
     assert run.n_cancelled >= 2 and run.n_queued + run.n_running == 0
 
 
+HOOKED_TASK = """
+task_id: hooked
+initial_prompt: "Write out.txt"
+sandbox: {python: null}
+hooks:
+  trial:
+    after: [{command: "sleep 6"}]
+success_criteria:
+  - type: file_exists
+    path: out.txt
+"""
+QUICK_EXPERIMENT = """
+experiment_id: quick
+variants:
+  - variant_id: writer
+    agent: {type: command, command: "echo done > out.txt"}
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_during_an_after_hook_cancels_the_trial_and_resume_runs_it_again(
+    signum, celery_worker_process, start_evalrun, tmp_path
+):
+    task = write(tmp_path / "tasks" / "hooked" / "task.yaml", HOOKED_TASK)
+    experiment = write(tmp_path / "experiment.yaml", QUICK_EXPERIMENT)
+    proc = start_evalrun(task, "-e", experiment, "-s", "minimal")
+    for line in proc.stdout:
+        if "phase hooks_after" in line:
+            break
+    time.sleep(1)  # the hook is sleeping
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=TIMEOUT)[0]
+
+    assert proc.returncode == 130, output
+    trial = Trial.objects.get()
+    # The cancel killed the hook (exit 143): that is the cancel, not the hook's failure.
+    assert (trial.status, trial.error_category) == ("cancelled", "cancelled"), trial.error_message
+    resumed = evalrun("--resume", trial.run_id, "--no-wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    wait_for(
+        lambda: Trial.objects.filter(status="passed").exists(),
+        timeout=60,
+        message=lambda: (
+            f"{list(Trial.objects.values_list('status', 'attempt', 'error_message'))}\n"
+            + celery_worker_process.log()[-4000:]
+        ),
+    )
+    trial = Trial.objects.get(status="passed")
+    assert trial.attempt == 2
+
+
 def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
     import io
 
