@@ -616,6 +616,9 @@ def _task_data(name: str, config: HarborTaskToml, doc: TomlDoc) -> tuple[dict[st
     data["initial_prompt_file"] = INSTRUCTION
     if agent.timeout_sec is not None:
         put(data, ("run_limits", "task_timeout"), math.ceil(agent.timeout_sec), ("agent", "timeout_sec"))
+        # Harbor's agent has one turn, graded when its clock ends: the turn's clock must not end
+        # first (a turn past `turn_timeout`, 300 s by default, is an ungraded error).
+        put(data, ("run_limits", "turn_timeout"), math.ceil(agent.timeout_sec), ("agent", "timeout_sec"))
 
     # The container: an image, or the Dockerfile with environment/ as its context.
     docker: dict[str, Any] = {}

@@ -151,7 +151,7 @@ def test_it_maps_users_envs_image_workdir_sizes_and_listed_hosts(tmp_path):
     spec = spec_of(folder)
 
     assert spec["description"] == "from metadata" and spec["tags"] == ["file-io", "python"]
-    assert spec["run_limits"] == {"task_timeout": 91}
+    assert spec["run_limits"] == {"task_timeout": 91, "turn_timeout": 91}
     assert spec["sandbox"]["docker"] == {
         "image": "registry.example.com/team/base:1.2",  # wins over environment/Dockerfile, as in Harbor
         "working_dir": "/srv/work",
