@@ -292,7 +292,7 @@ variants:
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_during_an_after_hook_cancels_the_trial_and_resume_runs_it_again(
     signum, celery_worker_process, start_evalrun, tmp_path
 ):
