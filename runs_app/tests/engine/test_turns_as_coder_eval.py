@@ -7,11 +7,14 @@ import json
 import re
 
 import pytest
+from django.conf import settings
 
 from conftest import WorkerProcess
-from runs_app.launching import launch_run
+from experiments_app.definitions import import_tasks
+from runs_app.launching import LaunchOptions, launch_run
 from runs_app.models import Trial
 from runs_app.tests.factories import import_folder_tasks, make_experiment, make_task
+from runs_app.tests.mock_servers import AnthropicMock, Turn, text, tool_use
 from runs_app.tests.workers import wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,3 +100,39 @@ def test_a_turn_past_turn_timeout_is_an_error_that_says_so_and_is_not_graded(tmp
     assert turn.error_message == "Agent turn timed out after 10s (iteration 1)"
     assert not turn.criterion_results.exists()  # coder-eval does not grade it either
     assert 9 < turn.agent_seconds < 20 and "started" in turn.agent_stdout
+
+
+CORPUS = settings.BASE_DIR / "experiments_app" / "tests" / "corpus" / "coder_eval_round2"
+NODE_BIN = settings.BASE_DIR / "node_modules" / ".bin"
+SLOW_BASH = 'python3 -c "import time; time.sleep(25)"; echo done > done.txt'
+
+
+@pytest.mark.skipif(
+    not (NODE_BIN / "claude").exists(), reason="run `make agents` (npm ci) for the claude CLI"
+)
+def test_the_real_claude_cli_on_the_corpus_file_ends_as_coder_eval_does(tmp_path):
+    """`engine_1_turn_timeout.yaml` with the model scripted to run a 25 s command: coder-eval
+    0.12.16 (its bundled Claude Code, the same mock) ends it ERROR, "Agent turn timed out after
+    10s (iteration 1)", after sending "Your working directory is: <dir>\\n\\n<prompt>"."""
+    import_tasks([CORPUS / "engine_1_turn_timeout.yaml"])
+    experiment = make_experiment(
+        tmp_path,
+        "experiment_id: claude\nvariants:\n  - variant_id: claude\n"
+        "    agent: {type: claude-code, model: claude-sonnet-4-6, max_retries: 0}\n",
+    )
+    script = [Turn([tool_use("Bash", {"command": SLOW_BASH, "description": "wait"})]), Turn([text("Done.")])]
+    with AnthropicMock(script) as api:
+        worker = WorkerProcess(tmp_path, extra_env={"ANTHROPIC_API_KEY": "sk-test-not-a-real-key"}).start()
+        run = launch_run(experiment, options=LaunchOptions(overrides=[f"agent.base_url={api.url}"]))
+        wait_for_run(run, timeout=120, worker=worker)
+        asked = [r for r in api.model_requests() if r["body"].get("tools")]
+
+    trial = Trial.objects.get(run=run)
+    assert (trial.status, trial.error_category) == ("error", "timeout"), trial.error_message
+    assert trial.error_message == "Agent turn timed out after 10s (iteration 1)"
+    content = asked[0]["body"]["messages"][0]["content"]
+    said = content if isinstance(content, str) else content[-1]["text"]
+    assert re.fullmatch(
+        r"Your working directory is: /\S+\n\nRun `sleep 25`, then write done.txt holding the word done\.",
+        said,
+    ), said
