@@ -255,6 +255,9 @@ class TrialExecution:
         self.recorder.phase("grading", flush=grading.judged(self.config.get("success_criteria") or []))
         grading.grade(self.box, self.context, result.trace, outcome)
         timings["grading"] = time.perf_counter() - grading_started
+        if self.heartbeat.stop_reason():
+            # A cancel kills a criterion's command as it runs, which would read as a fail.
+            return self._stopped_or(outcome)
         if outcome.tampered:
             # Graded all the same (the criteria are shown), but a changed test proves nothing.
             self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "protected paths changed: the trial fails"})

@@ -292,15 +292,34 @@ variants:
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_during_an_after_hook_cancels_the_trial_and_resume_runs_it_again(
-    signum, celery_worker_process, start_evalrun, tmp_path
+# Graded by a command that takes a while: a cancel kills it, which must not read as a fail.
+SLOW_GRADED_TASK = """
+task_id: hooked
+initial_prompt: "Write out.txt"
+sandbox: {python: null}
+success_criteria:
+  - type: run_command
+    command: "sleep 6; test -f out.txt"
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "task_text", "phase"),
+    [
+        (signal.SIGINT, HOOKED_TASK, "hooks_after"),
+        (signal.SIGTERM, HOOKED_TASK, "hooks_after"),
+        (signal.SIGINT, SLOW_GRADED_TASK, "grading"),
+    ],
+    ids=["SIGINT-after-hook", "SIGTERM-after-hook", "SIGINT-grading"],
+)
+def test_ctrl_c_during_a_hook_or_grading_cancels_the_trial_and_resume_runs_it_again(
+    signum, task_text, phase, celery_worker_process, start_evalrun, tmp_path
 ):
-    task = write(tmp_path / "tasks" / "hooked" / "task.yaml", HOOKED_TASK)
+    task = write(tmp_path / "tasks" / "hooked" / "task.yaml", task_text)
     experiment = write(tmp_path / "experiment.yaml", QUICK_EXPERIMENT)
     proc = start_evalrun(task, "-e", experiment, "-s", "minimal")
     for line in proc.stdout:
-        if "phase hooks_after" in line:
+        if f"phase {phase}" in line:
             break
     time.sleep(1)  # the hook is sleeping
     proc.send_signal(signum)
@@ -308,7 +327,8 @@ def test_ctrl_c_during_an_after_hook_cancels_the_trial_and_resume_runs_it_again(
 
     assert proc.returncode == 130, output
     trial = Trial.objects.get()
-    # The cancel killed the hook (exit 143): that is the cancel, not the hook's failure.
+    # The cancel killed the hook or the criterion's command (exit 143): that is the cancel, not
+    # the step's failure.
     assert (trial.status, trial.error_category) == ("cancelled", "cancelled"), trial.error_message
     resumed = evalrun("--resume", trial.run_id, "--no-wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
