@@ -55,14 +55,17 @@ class AgentKindInfo:
         return self.name.replace("-", "_")
 
 
-_CLI_OPTIONS = frozenset({"binary", "base_url", "extra_args"})
+# evalsite's: `false` sends the bare prompt, without the working-directory line coder-eval puts
+# before every prompt. Only kinds that run a process read a prompt, so only they take it.
+PREAMBLE_OPTION = "working_directory_preamble"
+_CLI_OPTIONS = frozenset({"binary", "base_url", "extra_args", PREAMBLE_OPTION})
 KINDS: dict[str, AgentKindInfo] = {
     kind.name: kind
     for kind in (
         AgentKindInfo("none", runs_process=False, has_trajectory=False, has_tool_calls=False),
         AgentKindInfo("oracle", runs_process=False, has_tool_calls=False),
         AgentKindInfo(
-            "command", frozenset({"command", "script", "prompt_via"}), can_resume=True,
+            "command", frozenset({"command", "script", "prompt_via", PREAMBLE_OPTION}), can_resume=True,
             providers=("anthropic", "openai"),
         ),
         AgentKindInfo(

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from experiments_app.specs.agent_kinds import PREAMBLE_OPTION
 from experiments_app.specs.base import SpecError, SpecModel
 from experiments_app.specs.docker import check_env, check_user
 from experiments_app.specs.task import TASK_ID_RE
@@ -614,8 +615,13 @@ def _task_data(name: str, config: HarborTaskToml, doc: TomlDoc) -> tuple[dict[st
     if tags and tags_origin is not None:
         put(data, ("tags",), tags, tags_origin)
     data["initial_prompt_file"] = INSTRUCTION
+    # Harbor sends the instruction as written; coder-eval's working-directory line is for its tasks.
+    data["agent"] = {PREAMBLE_OPTION: False}
     if agent.timeout_sec is not None:
         put(data, ("run_limits", "task_timeout"), math.ceil(agent.timeout_sec), ("agent", "timeout_sec"))
+        # Harbor's agent has one turn, graded when its clock ends: the turn's clock must not end
+        # first (a turn past `turn_timeout`, 300 s by default, is an ungraded error).
+        put(data, ("run_limits", "turn_timeout"), math.ceil(agent.timeout_sec), ("agent", "timeout_sec"))
 
     # The container: an image, or the Dockerfile with environment/ as its context.
     docker: dict[str, Any] = {}

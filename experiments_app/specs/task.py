@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AliasChoices, Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from experiments_app.specs import agent_kinds, claude_options
 from experiments_app.specs.base import SpecError, SpecModel, check_regex, check_workspace_path
@@ -80,6 +80,7 @@ class AgentSpec(SpecModel):
     type: str | None = None
     model: str | None = None
     system_prompt_file: str | None = None
+    working_directory_preamble: StrictBool | None = None
 
     @field_validator("type")
     @classmethod
@@ -94,6 +95,8 @@ class AgentSpec(SpecModel):
         resolved = bool((info.context or {}).get("resolved"))
         kind = None if resolved else self.type
         keys = [*(self.model_extra or {}), *(["system_prompt_file"] if self.system_prompt_file else [])]
+        if self.working_directory_preamble is not None:
+            keys.append(agent_kinds.PREAMBLE_OPTION)
         problems: list[tuple[tuple[str | int, ...], str]] = [
             ((key,), message) for key, message in agent_kinds.option_problems(kind, keys)
         ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
+from experiments_app.specs.agent_kinds import PREAMBLE_OPTION
 from experiments_app.specs.claude_options import plugin_path
 from experiments_app.specs.cli_recording import RECORD_CLI_DIR
 from runs_app.engine import agents, criteria, gateway, grading, trial_container
@@ -55,6 +56,7 @@ class AgentRun:
     limits: Limits
     session: str = ""
     budget: str = ""  # a role's budget that ended the conversation ("answerer.max_usd")
+    turn_timed_out: str = ""  # coder-eval's message for the turn that ran past run_limits.turn_timeout
     turns: list[tuple[agent_base.AgentOutcome, ProcessResult | None]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -78,10 +80,14 @@ class AgentRun:
         """What the agent reported over its earlier turns, plus `current`."""
         return summed([*(outcome.usage for outcome, _ in self.turns), current])
 
-    def limits_now(self) -> Limits:
-        """The task's wall clock covers the whole conversation, not each turn."""
-        left = self.limits.wall_seconds - (time.monotonic() - self.started)
-        return dataclasses.replace(self.limits, wall_seconds=max(1.0, left))
+    def limits_now(self, turn_timeout: float | None) -> tuple[Limits, bool]:
+        """The next turn's limits, and whether `turn_timeout` is what bounds its clock. The task's
+        wall clock covers the whole conversation; coder-eval's `turn_timeout` bounds each turn
+        (each `communicate()`) on its own."""
+        left = max(1.0, self.limits.wall_seconds - (time.monotonic() - self.started))
+        by_turn = turn_timeout is not None and turn_timeout < left
+        wall = float(turn_timeout) if by_turn and turn_timeout is not None else left
+        return dataclasses.replace(self.limits, wall_seconds=wall), by_turn
 
     def outcome(self) -> agent_base.AgentOutcome:
         """The whole run as one outcome: how the last turn ended, every turn's tool calls and
@@ -194,6 +200,11 @@ class AgentPhase:
         self.context.recorder.add(TrialEvent.Kind.USAGE, agent.usage.as_dict())
         upstream_failed = model_gateway is not None and model_gateway.upstream_failures > 0
         outcome = self._agent_outcome(agent, run.result(), upstream_failed)
+        if run.turn_timed_out and outcome.status == Trial.Status.RUNNING:
+            # coder-eval 0.12.16: a turn past `turn_timeout` is a terminal agent timeout, the
+            # task's status `error` (not graded); the task's own `task_timeout` is graded instead.
+            outcome.status, outcome.error_category = Trial.Status.ERROR, "timeout"
+            outcome.error_message, outcome.timed_out = run.turn_timed_out, True
         if run.budget and outcome.status == Trial.Status.RUNNING and not outcome.budget_exceeded:
             outcome.budget_exceeded = run.budget  # graded, flagged: the answerer's budget ran out
         return outcome
@@ -204,6 +215,7 @@ class AgentPhase:
         ended), else the error that kept it from starting."""
         kind, model_gateway = run.kind, run.gateway
         cwd, home = self.box.paths.workspace, self.box.paths.home
+        prompt = with_preamble(prompt, self.box.working_directory(), run.config)
         try:
             if turn == 1:
                 invocation = kind.prepare(prompt, cwd, home, run.config, run.secrets)
@@ -260,10 +272,11 @@ class AgentPhase:
             return lease or (state["limit"] and "budget") or (parser.fatal and "fatal")
 
         result = None
+        limits, by_turn = run.limits_now(run_limits.get("turn_timeout"))
         if invocation.argv is not None:
             result = self.box.run(
                 invocation.argv,
-                limits=run.limits_now(),
+                limits=limits,
                 env={**secrets, **self._mock_path(), **invocation.env_extra},
                 mounts=self._agent_mounts(run.config),
                 via=model_gateway,
@@ -282,6 +295,10 @@ class AgentPhase:
             state["limit"] = model_gateway.stop_reason()
         if state["limit"] is None and result is not None:
             state["limit"] = _resource_limit(result)
+        if by_turn and result is not None and result.timed_out:
+            # coder-eval's `format_timeout_reason`, with the turn as its iteration.
+            run.turn_timed_out = f"Agent turn timed out after {limits.wall_seconds:.0f}s (iteration {turn})"
+            recorder.add(TrialEvent.Kind.SYSTEM, {"text": run.turn_timed_out})
         run.add(kind.finish(result, parser, limit_hit=state["limit"]), result, parser.session_id)
         self.process_seconds = run.seconds
         return None
@@ -504,6 +521,15 @@ class AgentPhase:
                 ]
             return {"PATH": os.pathsep.join([*dirs, self.box.container_path_variable()])}
         return {"PATH": os.pathsep.join([*dirs, os.environ.get("PATH", os.defpath)])}
+
+
+def with_preamble(prompt: str, workspace: Path, config: dict) -> str:
+    """The prompt as the agent gets it: coder-eval 0.12.16 prefixes every prompt it sends (each
+    turn of a conversation too) with the agent's working directory and a blank line; a variant
+    sends the bare prompt with `working_directory_preamble: false`."""
+    if config.get(PREAMBLE_OPTION, True) is False:
+        return prompt
+    return f"Your working directory is: {workspace}\n\n{prompt}"
 
 
 def _resource_limit(result: ProcessResult) -> str | None:

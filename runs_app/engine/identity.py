@@ -35,7 +35,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from experiments_app.specs.agent_kinds import KINDS, plugin_entry_points
+from experiments_app.specs.agent_kinds import KINDS, PREAMBLE_OPTION, plugin_entry_points
 from runs_app.engine.agents.base import find_cli
 
 BASE = Path(__file__).resolve().parents[2]
@@ -69,6 +69,13 @@ def trial_components(
 
 
 def agent_identity(kind_name: str, agent_config: Mapping[str, Any]) -> str:
+    # What the agent is sent differs without coder-eval's working-directory line: another agent
+    # as far as a comparison goes (the default leaves earlier runs' fingerprints as they were).
+    bare = "; bare prompt" if agent_config.get(PREAMBLE_OPTION, True) is False else ""
+    return _agent_version(kind_name, agent_config) + bare
+
+
+def _agent_version(kind_name: str, agent_config: Mapping[str, Any]) -> str:
     info = KINDS.get(kind_name)
     if info is None:  # a plugin kind: its package's version
         entry = plugin_entry_points().get(kind_name)

@@ -51,3 +51,15 @@ class Outcome:
     criteria: list = field(default_factory=list)
     artifact: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+
+
+STEP_OUTPUT_CHARS = 500
+
+
+def step_failure(step: str, command: str, exit_code: int | None, timed_out: bool, output: str) -> str:
+    """What a failed step (pre_run, post_run, a hook) says in a trial's or a run's error: its
+    exit code and the end of its own output, so the reason reads without opening the transcript
+    (the output is the step's, never the agent's; the message is redacted where it is stored)."""
+    why = "timed out" if timed_out else f"exited with {exit_code}"
+    tail = output.strip()[-STEP_OUTPUT_CHARS:].strip()
+    return f"{step} `{command}` {why}: {tail}" if tail else f"{step} `{command}` {why} (no output)"

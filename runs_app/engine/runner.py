@@ -33,7 +33,7 @@ from runs_app.engine import criteria, grading, identity, integrity
 from runs_app.engine.agent_phase import AgentPhase
 from runs_app.engine.context import TrialContext, stopped
 from runs_app.engine.leases import Heartbeat
-from runs_app.engine.outcome import Outcome, TrialAborted
+from runs_app.engine.outcome import Outcome, TrialAborted, step_failure
 from runs_app.engine.recording import Recorder, redact
 from runs_app.engine.sandbox import Phase, SandboxError, WorkspaceError, workspace
 from runs_app.engine.trial_sandbox import TrialSandbox
@@ -190,7 +190,8 @@ class TrialExecution:
             self.setup()
         except (TrialAborted, WorkspaceError, SandboxError) as exc:
             category = exc.category if isinstance(exc, TrialAborted) else "setup"
-            return self._ended(Outcome(Trial.Status.ERROR, category, str(exc)), timings, started)
+            outcome = self._stopped_or(Outcome(Trial.Status.ERROR, category, str(exc)))
+            return self._ended(outcome, timings, started)
         timings["setup"] = time.perf_counter() - started
         if reason := self.heartbeat.stop_reason():
             return self._ended(stopped(reason), timings, started)
@@ -230,7 +231,7 @@ class TrialExecution:
         if self._hooks("before"):
             self.recorder.phase("hooks_before")
         if failure := self._run_hooks("before", stop_at_first=True):
-            return Outcome(Trial.Status.ERROR, "hook", failure)
+            return self._stopped_or(Outcome(Trial.Status.ERROR, "hook", failure))
         before = self.box.snapshot()
         protected = self._protected()
         agent_started = time.perf_counter()
@@ -254,6 +255,9 @@ class TrialExecution:
         self.recorder.phase("grading", flush=grading.judged(self.config.get("success_criteria") or []))
         grading.grade(self.box, self.context, result.trace, outcome)
         timings["grading"] = time.perf_counter() - grading_started
+        if self.heartbeat.stop_reason():
+            # A cancel kills a criterion's command as it runs, which would read as a fail.
+            return self._stopped_or(outcome)
         if outcome.tampered:
             # Graded all the same (the criteria are shown), but a changed test proves nothing.
             self.recorder.add(TrialEvent.Kind.SYSTEM, {"text": "protected paths changed: the trial fails"})
@@ -277,9 +281,22 @@ class TrialExecution:
             result = self.box.run_command(hook["command"], float(hook.get("timeout", 60)), Phase.HOOK)
             if failure := record_step(self.context, f"hooks.trial.{which}[{index}]", hook["command"], result):
                 failures.append(failure)
-                if stop_at_first:
+                if stop_at_first or self.heartbeat.stop_reason():
                     break
         return "; ".join(failures)
+
+    def _stopped_or(self, outcome: Outcome) -> Outcome:
+        """A step that failed because the run was cancelled (or the lease lost) killed it: the
+        trial ends as stopped, not as that step's error, so `resume` runs it again."""
+        reason = self.heartbeat.stop_reason()
+        if reason is None:
+            return outcome
+        ended = stopped(reason)
+        outcome.status, outcome.error_category = ended.status, ended.error_category
+        outcome.error_message = ended.error_message
+        # Not graded then: `resume` runs the same trial again, and grades it then.
+        outcome.criteria, outcome.score = [], None
+        return outcome
 
     def _after_hooks(self, outcome: Outcome) -> Outcome:
         """`hooks.trial.after`, whatever the outcome: a failure makes the trial an error and is
@@ -293,7 +310,7 @@ class TrialExecution:
         if outcome.status in (Trial.Status.ERROR, Trial.Status.CANCELLED) and outcome.error_message:
             failure = f"{outcome.error_message}; then {failure}"
         outcome.status, outcome.error_category, outcome.error_message = Trial.Status.ERROR, "hook", failure
-        return outcome
+        return self._stopped_or(outcome)
 
     def _ended(self, outcome: Outcome, timings: dict[str, float], started: float) -> Outcome:
         timings["total"] = time.perf_counter() - started
@@ -437,8 +454,10 @@ def record_step(context: TrialContext, step: str, command: str, result: criteria
     )
     if not result.timed_out and result.exit_code == 0:
         return ""
-    why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-    return f"{step} `{command}` {why}: {result.stderr[-500:].strip()}"
+    # What it printed, in the order a reader expects: a step that says why on stdout (`echo`)
+    # is as clear as one that says it on stderr.
+    output = "\n".join(part.strip() for part in (result.stdout, result.stderr) if part.strip())
+    return step_failure(step, command, result.exit_code, result.timed_out, output)
 
 
 def tamper_report(changed: list[str], before: dict, after: dict) -> str:

@@ -39,6 +39,7 @@ from django.utils import timezone
 from experiments_app.specs.bundles import extract_bundle
 from runs_app import live
 from runs_app.engine.bundle_cache import bundle_blob
+from runs_app.engine.outcome import step_failure
 from runs_app.engine.sandbox import (
     Mount,
     Phase,
@@ -200,8 +201,7 @@ class SuiteHolder(threading.Thread):
             "timed_out": timed_out, "output": output, "at": timezone.now().isoformat(),
         }  # fmt: skip
         if code != "0":
-            why = "timed out" if timed_out else f"exited with {code}"
-            self.failures.append(f"{entry['step']} `{step['command']}` {why}: {output.strip()[-500:]}")
+            self.failures.append(step_failure(entry["step"], step["command"], int(code), timed_out, output))
         run = Run.objects.filter(pk=self.run_id).values_list("suite_log", flat=True).first() or []
         self._owned().update(suite_log=[*run, entry])
         live.publish(self.run_id)
@@ -240,6 +240,9 @@ def _driver(steps: dict[str, list[dict]], trigger: Path) -> str:
     """The suite sandbox's script (see the module docstring); markers go to stdout as
     `\\x1e<token> end <phase> <index> <exit code>`, `ready <0|1>` and `done`."""
     lines = [
+        # The worker's umask (077: settings.py) would make what setup writes 0600 to the suite's
+        # uid, which no trial's uid can read; the folder is there for the trials to read.
+        "umask 022",
         'mark() { printf "\\036%s %s\\n" "$EVALSITE_SUITE_TOKEN" "$*"; }',
         f"mkdir -p {LOG_DIR}",
         "failed=0",

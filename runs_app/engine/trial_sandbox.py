@@ -169,6 +169,15 @@ class TrialSandbox:
             self.box.pull_workspace(into=self.workspace)
         return self.workspace
 
+    def working_directory(self) -> Path:
+        """The folder the trial's commands run in, as they see it: the workspace, or in a
+        container its workdir (the image's folder, or where the workspace is mounted)."""
+        assert self.box is not None
+        if self.container:
+            assert isinstance(self.box, trial_container.container.ContainerSandbox)
+            return self.box.cwd
+        return self.paths.workspace
+
     def command_folder(self, relative: Path) -> Path:
         """Where commands see a folder of the workspace (the image's folder, or the mount)."""
         assert self.box is not None

@@ -273,6 +273,77 @@ def test_it_cancels_the_run_on_ctrl_c(celery_worker_process, start_evalrun, tmp_
     assert run.n_cancelled >= 2 and run.n_queued + run.n_running == 0
 
 
+HOOKED_TASK = """
+task_id: hooked
+initial_prompt: "Write out.txt"
+sandbox: {python: null}
+hooks:
+  trial:
+    after: [{command: "sleep 6"}]
+success_criteria:
+  - type: file_exists
+    path: out.txt
+"""
+QUICK_EXPERIMENT = """
+experiment_id: quick
+variants:
+  - variant_id: writer
+    agent: {type: command, command: "echo done > out.txt"}
+"""
+
+
+# Graded by a command that takes a while: a cancel kills it, which must not read as a fail.
+SLOW_GRADED_TASK = """
+task_id: hooked
+initial_prompt: "Write out.txt"
+sandbox: {python: null}
+success_criteria:
+  - type: run_command
+    command: "sleep 6; test -f out.txt"
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "task_text", "phase"),
+    [
+        (signal.SIGINT, HOOKED_TASK, "hooks_after"),
+        (signal.SIGTERM, HOOKED_TASK, "hooks_after"),
+        (signal.SIGINT, SLOW_GRADED_TASK, "grading"),
+    ],
+    ids=["SIGINT-after-hook", "SIGTERM-after-hook", "SIGINT-grading"],
+)
+def test_ctrl_c_during_a_hook_or_grading_cancels_the_trial_and_resume_runs_it_again(
+    signum, task_text, phase, celery_worker_process, start_evalrun, tmp_path
+):
+    task = write(tmp_path / "tasks" / "hooked" / "task.yaml", task_text)
+    experiment = write(tmp_path / "experiment.yaml", QUICK_EXPERIMENT)
+    proc = start_evalrun(task, "-e", experiment, "-s", "minimal")
+    for line in proc.stdout:
+        if f"phase {phase}" in line:
+            break
+    time.sleep(1)  # the hook is sleeping
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=TIMEOUT)[0]
+
+    assert proc.returncode == 130, output
+    trial = Trial.objects.get()
+    # The cancel killed the hook or the criterion's command (exit 143): that is the cancel, not
+    # the step's failure.
+    assert (trial.status, trial.error_category) == ("cancelled", "cancelled"), trial.error_message
+    resumed = evalrun("--resume", trial.run_id, "--no-wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    wait_for(
+        lambda: Trial.objects.filter(status="passed").exists(),
+        timeout=60,
+        message=lambda: (
+            f"{list(Trial.objects.values_list('status', 'attempt', 'error_message'))}\n"
+            + celery_worker_process.log()[-4000:]
+        ),
+    )
+    trial = Trial.objects.get(status="passed")
+    assert trial.attempt == 2
+
+
 def test_its_plan_prints_the_trials_and_what_they_detect_and_stores_nothing():
     import io
 

@@ -82,7 +82,8 @@ def test_it_reads_a_harbor_folder_as_a_container_task_with_a_verifier():
         "task_id": "hello-world",
         "tags": ["trivial", "example", "category:file-operations", "difficulty:easy"],
         "initial_prompt_file": "instruction.md",
-        "run_limits": {"task_timeout": 120},
+        "agent": {"working_directory_preamble": False},
+        "run_limits": {"task_timeout": 120, "turn_timeout": 120},
         "sandbox": {
             "driver": "docker",
             "python": None,
@@ -113,7 +114,8 @@ def test_it_reads_the_task_table_and_applies_harbors_defaults():
     assert spec["description"] == "Two results from one verifier: a line count and an upper-cased copy"
     assert spec["tags"] == ["example", "text", "difficulty:easy"]
     assert spec["sandbox"]["limits"] == {"max_cpus": 1.0, "max_memory_mb": 512, "max_disk_mb": 10240}
-    assert spec["run_limits"] == {"task_timeout": 300}
+    assert spec["run_limits"] == {"task_timeout": 300, "turn_timeout": 300}
+    assert spec["agent"] == {"working_directory_preamble": False}  # Harbor sends the instruction bare
 
 
 def test_it_maps_users_envs_image_workdir_sizes_and_listed_hosts(tmp_path):
@@ -151,7 +153,7 @@ def test_it_maps_users_envs_image_workdir_sizes_and_listed_hosts(tmp_path):
     spec = spec_of(folder)
 
     assert spec["description"] == "from metadata" and spec["tags"] == ["file-io", "python"]
-    assert spec["run_limits"] == {"task_timeout": 91}
+    assert spec["run_limits"] == {"task_timeout": 91, "turn_timeout": 91}
     assert spec["sandbox"]["docker"] == {
         "image": "registry.example.com/team/base:1.2",  # wins over environment/Dockerfile, as in Harbor
         "working_dir": "/srv/work",

@@ -412,12 +412,28 @@ def test_task_ids_may_hold_dots_like_coder_eval(task_id, ok):
         ),
         ({"type": "claude-code", "context_window": 5000}, "must be an integer from 100000 to 1000000"),
         ({"type": "codex", "setting_sources": []}, "'setting_sources' applies to claude-code, not to codex"),
+        # Kinds that send no prompt have no preamble to leave out; the switch is a boolean.
+        ({"type": "oracle", "working_directory_preamble": False}, "'working_directory_preamble' applies to"),
+        ({"type": "none", "working_directory_preamble": False}, "not to none"),
+        ({"type": "codex", "working_directory_preamble": "no"}, "Input should be a valid boolean"),
+        ({"type": "command", "command": "x", "working_directory_preamble": 0}, "valid boolean"),
     ],
 )
 def test_it_refuses_agent_options_the_kind_does_not_read(agent, message):
     data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], "agent": agent}
     with pytest.raises(ValidationError, match=message):
         TaskSpec.model_validate(data)
+
+
+@pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini-cli", "opencode", "aider", "command"])
+def test_every_kind_that_sends_a_prompt_may_send_it_bare(kind):
+    agent = {
+        "type": kind,
+        "working_directory_preamble": False,
+        **({"command": "x"} if kind == "command" else {}),
+    }
+    data = {"task_id": "t", "initial_prompt": "x", "success_criteria": [CRITERION], "agent": agent}
+    assert TaskSpec.model_validate(data).agent.working_directory_preamble is False
 
 
 def test_an_experiments_default_options_may_reach_a_variant_of_another_kind():

@@ -603,7 +603,8 @@ class _Handler(BaseHTTPRequestHandler):
         connection_class = (
             http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
         )
-        # run_limits.turn_timeout: a model call that stays silent this long is abandoned.
+        # run_limits.turn_timeout: a model call that stays silent this long is abandoned. The turn
+        # itself is killed then (agent_phase); this frees the gateway's thread and connection too.
         timeout = float(self.gateway.limits.get("turn_timeout") or 600)
         conn = connection_class(target.hostname or "", target.port, timeout=timeout)
         try:

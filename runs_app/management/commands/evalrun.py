@@ -4,7 +4,8 @@ The run is a normal Run (the dashboard shows it); the worker processes execute i
 imports the task files (coder-eval YAML and Harbor task folders alike), launches (or resumes) the
 run, follows it, prints the comparison summary and writes the requested reports. Exit codes: 0
 every trial passed and every gate holds, 1 a trial failed or errored, a gate failed or the run
-was cancelled (with `--plan`: the design can detect no effect), 2 bad input; 130 on Ctrl-C.
+was cancelled (with `--plan`: the design can detect no effect), 2 bad input; 130 on Ctrl-C (or
+SIGTERM).
 """
 
 import contextlib
@@ -347,14 +348,16 @@ class Command(BaseCommand):
                 raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the cancel
             interrupted.append(signum)
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        # SIGTERM (a CI job's timeout, `kill`) as Ctrl-C: the run is cancelled, not left running.
+        previous = {signum: signal.signal(signum, on_sigint) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._wait(run, stream, first_event, interrupted)
         except KeyboardInterrupt:
             self.stderr.write("\ninterrupted again: the run is cancelled, its running trials stop shortly")
             sys.exit(EXIT_INTERRUPTED)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _wait(self, run: Run, stream: str | None, first_event: int, interrupted: list[int]) -> Run:
         progress = _Progress(self.stdout, tty=self.stdout.isatty() and not stream)

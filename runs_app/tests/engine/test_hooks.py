@@ -39,13 +39,17 @@ def test_hooks_run_around_each_trial_and_a_failing_one_is_an_error_with_every_me
             "[{command: 'echo no service >&2; exit 4'}, {command: 'touch never'}]",
             "[{command: 'echo cleanup failed >&2; exit 5'}]",
         ),
-        "broken-cleanup": ("[{command: 'echo up > .fixture'}]", "[{command: 'exit 6'}, {command: 'true'}]"),
+        "broken-cleanup": (
+            "[{command: 'echo up > .fixture'}]",
+            "[{command: 'echo still locked; exit 6'}, {command: 'true'}]",
+        ),
+        "silent-cleanup": ("[{command: 'echo up > .fixture'}]", "[{command: 'exit 7'}]"),
     }
     for slug, (before, after) in cases.items():
         make_task(tmp_path, slug, TASK.format(slug=slug, before=before, after=after))
     import_folder_tasks(tmp_path)
     experiment = make_experiment(
-        tmp_path, SLOW_AGENT.format(parallel=3, repeats=1, command=json.dumps(AGENT))
+        tmp_path, SLOW_AGENT.format(parallel=4, repeats=1, command=json.dumps(AGENT))
     )
     worker = WorkerProcess(tmp_path).start()
     run = wait_for_run(launch_run(experiment), timeout=90, worker=worker)
@@ -81,7 +85,12 @@ def test_hooks_run_around_each_trial_and_a_failing_one_is_an_error_with_every_me
 
     cleanup = trials["broken-cleanup"]
     assert (cleanup.status, cleanup.error_category) == ("error", "hook")  # it passed its criteria
-    assert cleanup.error_message.startswith("hooks.trial.after[0] `exit 6` exited with 6")
+    # The hook's own output (stdout here) ends the message, so it reads without the transcript.
+    assert cleanup.error_message == (
+        "hooks.trial.after[0] `echo still locked; exit 6` exited with 6: still locked"
+    )
+    silent = trials["silent-cleanup"]
+    assert silent.error_message == "hooks.trial.after[0] `exit 7` exited with 7 (no output)"
     assert steps(cleanup)[-2:] == [("hooks.trial.after[0]", 6), ("hooks.trial.after[1]", 0)]  # all ran
 
 
@@ -132,6 +141,7 @@ defaults:
       files: [service.py, client.py]
       setup:
         - command: >-
+            mkdir data && echo data-from-the-setup > data/fixture.txt &&
             python3 service.py > service.log 2>&1 &
             for i in $(seq 100); do [ -S service.sock ] && exit 0; sleep 0.1; done; exit 1
       teardown:
@@ -143,8 +153,10 @@ variants:
       command: {agent}
 """
 # Each trial asks the shared service, and tries to write into the suite's folder (read-only).
+# What setup wrote is readable without a chmod (the worker's umask is 077).
 SUITE_AGENT = (
     'python3 "$EVALSITE_SUITE_DIR/client.py" hello > out.txt; '
+    'cat "$EVALSITE_SUITE_DIR/data/fixture.txt" >> out.txt; '
     'if touch "$EVALSITE_SUITE_DIR/written-by-a-trial" 2>/dev/null; then echo escaped >> out.txt; fi'
 )
 SUITE_TASK = """
@@ -153,7 +165,7 @@ initial_prompt: "Ask the fixture service"
 success_criteria:
   - type: file_contains
     path: out.txt
-    includes: [fixture-from-the-suite]
+    includes: [fixture-from-the-suite, data-from-the-setup]
     excludes: [escaped]
 """
 
