@@ -89,9 +89,17 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--repeats", type=int, help="trials per task and variant")
         parser.add_argument("-j", "--max-parallel", type=int, help="trials of this run running at once")
-        parser.add_argument("--sample", type=int, help="run only N tasks, chosen with --seed")
+        parser.add_argument(
+            "--sample", type=int,
+            help="run N rows of each dataset task, drawn uniformly with a fixed seed (coder-eval's "
+            "--sample: the same rows every run; it overrides sample_per_stratum)",
+        )  # fmt: skip
+        parser.add_argument("--sample-tasks", type=int, help="run only N tasks, chosen with --seed")
         parser.add_argument("--sample-per-stratum", type=int, help="dataset rows per stratum")
-        parser.add_argument("--seed", type=int, help="seed of --sample and --sample-per-stratum")
+        parser.add_argument(
+            "--seed", type=int,
+            help="seed of --sample-tasks, and of --sample-per-stratum for a dataset without sample_seed",
+        )  # fmt: skip
         parser.add_argument("--keep-artifacts", action="store_true", help="keep each trial's workspace")
         parser.add_argument(
             "--any-code-version", action="store_true",
@@ -119,7 +127,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         self._configure_logging(options["verbosity"], options["log_file"])
-        for name in ("repeats", "max_parallel", "sample", "sample_per_stratum"):
+        for name in ("repeats", "max_parallel", "sample", "sample_tasks", "sample_per_stratum"):
             if options[name] is not None and options[name] < 1:
                 raise CommandError(
                     f"--{name.replace('_', '-')} must be at least 1", returncode=EXIT_BAD_INPUT
@@ -185,8 +193,9 @@ class Command(BaseCommand):
         return experiment, LaunchOptions(
             overrides=options["overrides"], repeats=options["repeats"], max_parallel=options["max_parallel"],
             tags=_csv(options["tags"]), exclude_tags=_csv(options["exclude_tags"]),
-            include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample"],
-            sample_per_stratum=options["sample_per_stratum"], seed=options["seed"],
+            include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample_tasks"],
+            sample_rows=options["sample"], sample_per_stratum=options["sample_per_stratum"],
+            seed=options["seed"],
             keep_artifacts=options["keep_artifacts"],
             any_code_version=options["any_code_version"], variants=_csv(options["variants"]),
             # An ad-hoc experiment already carries -T/-m in its one variant.
