@@ -3,8 +3,9 @@
 The run is a normal Run (the dashboard shows it); the worker processes execute it. This command
 imports the task files (coder-eval YAML and Harbor task folders alike), launches (or resumes) the
 run, follows it, prints the comparison summary and writes the requested reports. Exit codes: 0
-every trial passed and every gate holds, 1 a trial failed or errored, a gate failed or the run
-was cancelled (with `--plan`: the design can detect no effect), 2 bad input; 130 on Ctrl-C.
+every trial passed, every gate holds and every dataset suite meets its thresholds, 1 a trial
+failed or errored, a gate or a suite's thresholds failed or the run was cancelled (with `--plan`:
+the design can detect no effect), 2 bad input; 130 on Ctrl-C.
 """
 
 import contextlib
@@ -427,10 +428,16 @@ class Command(BaseCommand):
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")
+        for line in reports.suite_lines(report):
+            style = self.style.SUCCESS if line.startswith("suite pass") else self.style.ERROR
+            self.stdout.write(style(line))
 
     def _exit_code(self, run: Run) -> int:
+        """1 unless every trial passed, every gate held and every dataset suite met its
+        thresholds (coder-eval exits 1 on a failed suite gate too, its rows all passed or not)."""
         all_passed = run.status == Run.Status.FINISHED and run.n_trials == run.n_passed
-        return 0 if all_passed and run.gates_passed is not False else 1
+        suites_held = all(suite.get("passed") for suite in run.suite_results)
+        return 0 if all_passed and suites_held and run.gates_passed is not False else 1
 
 
 class _Progress:
