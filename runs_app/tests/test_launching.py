@@ -209,8 +209,9 @@ def test_it_refuses_an_experiment_that_selects_no_task(smoke):
 
 
 # The rows coder-eval 0.12.16 picks from corpus/coder_eval_round2/spec_5_sample_per_stratum.yaml
-# (its `task_loader.expand_dataset`, called on the file with its own Python): strata in first-seen
-# order, keyed by str() of the value (1 and "1", true and "True", a missing field and "" share one).
+# (its `task_loader.expand_dataset`, called on the file with its own Python; `coder-eval run
+# --sample 3` and `--sample-per-stratum 1` ran the same rows): strata in first-seen order, keyed by
+# str() of the value (1 and "1", true and "True", a missing field and "" share one).
 ROUND2 = Path(__file__).parents[2] / "experiments_app" / "tests" / "corpus" / "coder_eval_round2"
 CODER_EVAL_PICKS = [
     # (sample_rows, sample_per_stratum, rows picked)
