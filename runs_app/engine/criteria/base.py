@@ -379,6 +379,15 @@ def one_file(ctx: GradingContext, rel: str) -> tuple[str | None, str | None]:
     return matches[0], None
 
 
+def graded_path(ctx: GradingContext, rel: str) -> dict[str, str]:
+    """`{"path": rel}`, with `resolved` (the one file read) when `rel` is a pattern: which file was
+    graded is most of what a glob's result says (coder-eval's `resolved_path_label`)."""
+    if not is_glob(rel) or literal_exists(ctx, rel):
+        return {"path": rel}
+    target, _ = one_file(ctx, rel)
+    return {"path": rel, "resolved": printable(target)} if target is not None else {"path": rel}
+
+
 def glob_matches(ctx: GradingContext, rel: str) -> tuple[list[str], str | None]:
     """The regular files (links followed inside the workspace) that pattern `rel` matches, sorted,
     as coder-eval's `Sandbox.resolve_files` finds them on Python 3.13: folders never match, and a

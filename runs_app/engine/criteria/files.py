@@ -24,6 +24,7 @@ from runs_app.engine.criteria.base import (
     check_regex,
     check_rel_path,
     glob_matches,
+    graded_path,
     is_glob,
     is_templated,
     kind_of,
@@ -117,7 +118,7 @@ def evaluate_file_contains(params: dict, ctx: GradingContext) -> tuple[float, di
     if content is None:
         return 0.0, {"path": params["path"], "problem": problem}
     scores, details = _content_scores(content, params)
-    return (sum(scores) / len(scores) if scores else 1.0), {"path": params["path"], **details}
+    return (sum(scores) / len(scores) if scores else 1.0), {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- file_matches_regex
@@ -151,7 +152,7 @@ def evaluate_file_matches_regex(params: dict, ctx: GradingContext) -> tuple[floa
     if content is None:
         return 0.0, {"path": params["path"], "pattern": params["pattern"], "problem": problem}
     ok, details = _pattern_verdict(content, params)
-    return (1.0 if ok else 0.0), {"path": params["path"], **details}
+    return (1.0 if ok else 0.0), {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- file_check
@@ -184,7 +185,7 @@ def evaluate_file_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
         scores.append(sum(ok for ok, _ in verdicts) / len(verdicts))
         details["patterns"] = [part | {"passed": ok} for ok, part in verdicts]
     score = sum(scores) / len(scores) if scores else 1.0
-    return score, {"path": params["path"], **details}
+    return score, {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- json_check
@@ -349,7 +350,7 @@ def evaluate_json_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
     data, problem = parse_json(text, rel)
     if problem:
         return 0.0, {"path": rel, "problem": problem}
-    scores, details = [], {"path": rel}
+    scores, details = [], dict(graded_path(ctx, rel))
     if params.get("json_schema"):
         schema_score, details["schema"] = _schema_score(ctx, params["json_schema"], data)
         if schema_score == 0.0:

@@ -65,6 +65,10 @@ def test_each_criterion_scores_a_glob_path_as_coder_eval_does(tmp_path):
     assert scores == CODER_EVAL_SCORES, {c.description: c.details for c in result.criteria}
     assert all(not c.error for c in result.criteria)  # a failed check, not an error
     assert result.score == pytest.approx(11 / 18)  # coder-eval: 11 of 18 passed, weights 1
+    resolved = {c.description: c.details.get("resolved") for c in result.criteria}
+    assert resolved["contains ignores node_modules"] == "out/report.txt"  # the file graded
+    assert resolved["contains a final double star"] == "logs/run.log"
+    assert resolved["contains two matches"] is None
 
 
 def test_it_names_the_matches_it_would_not_guess_between(tmp_path):
