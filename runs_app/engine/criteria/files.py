@@ -350,7 +350,8 @@ def evaluate_json_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
     data, problem = parse_json(text, rel)
     if problem:
         return 0.0, {"path": rel, "problem": problem}
-    scores, details = [], dict(graded_path(ctx, rel))
+    scores: list[float] = []
+    details: dict[str, Any] = dict(graded_path(ctx, rel))
     if params.get("json_schema"):
         schema_score, details["schema"] = _schema_score(ctx, params["json_schema"], data)
         if schema_score == 0.0:

@@ -108,3 +108,25 @@ def test_a_worker_scores_the_glob_task_as_coder_eval_does(celery_worker_process,
     assert scores == CODER_EVAL_SCORES, trial.error_message
     assert trial.score == pytest.approx(11 / 18)
     assert trial.status == Trial.Status.FAILED
+
+
+REFERENCE_TASK = TASK.parent / "spec_3_glob_reference" / "task.yaml"
+
+
+def test_reference_comparison_reads_a_glob_agent_file_as_coder_eval_does(tmp_path):
+    # coder-eval evaluate on the same workspace: 1.0, then 0.0 ("matches 2 files"), 0.0 (not found).
+    spec = yaml.safe_load(REFERENCE_TASK.read_text())
+    for entry in spec["sandbox"]["template_sources"][0]["files"]:
+        (tmp_path / entry["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / entry["path"]).write_text(entry["content"])
+    ctx = GradingContext(
+        workspace=tmp_path, reference_dir=REFERENCE_TASK.parent / "ref", ignore_patterns=glob_ignored([])
+    )
+
+    result = grade(spec["success_criteria"], ctx)
+
+    scores = {c.description: c.score for c in result.criteria}
+    assert scores == {"one match": 1.0, "two matches": 0.0, "no match": 0.0}, [
+        c.details for c in result.criteria
+    ]
+    assert all(not c.error for c in result.criteria)
