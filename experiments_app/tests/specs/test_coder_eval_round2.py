@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 
 from experiments_app.specs.loading import load_experiment, load_tasks
+from experiments_app.specs.resolve import OverrideError, parse_overrides
 from experiments_app.specs.unbuilt import unbuilt_names
 from experiments_app.specs.yaml_errors import UNBUILT_CRITERIA
 
@@ -88,3 +89,19 @@ def test_the_docs_table_lists_nothing_evalsite_accepts():
     named = {name for cell in first_column[1:] for name in re.findall(r"`([^`]+)`", cell)}
 
     assert named <= {*unbuilt_names(), *UNBUILT_CRITERIA}
+
+
+@pytest.mark.parametrize(
+    ("item", "fragment"),
+    [
+        ("checker_context.api_route.model=m", "coder-eval's checker_context (the judge's API route"),
+        ("success_criteria=[{type: run_command, command: 'true', read_only: true}]", "key read_only"),
+        (
+            "success_criteria=[{type: llm_judge, prompt: p, max_transcript_chars: 9}]",
+            "key max_transcript_chars",
+        ),
+    ],
+)
+def test_a_d_override_names_the_unbuilt_key_too(item, fragment):
+    with pytest.raises(OverrideError, match=re.escape(fragment)):
+        parse_overrides([item])
