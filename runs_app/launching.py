@@ -8,7 +8,6 @@ import hashlib
 import json
 import random
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -38,6 +37,8 @@ from runs_app.engine import hosts, suite_hooks
 from runs_app.models import Run, Trial
 
 ROW_PLACEHOLDER = re.compile(r"\$\{row\.([A-Za-z_][\w-]*)\}")
+# coder-eval's fixed seed for `--sample N` (`task_loader._SMOKE_SAMPLE_SEED`): the same rows every run.
+SAMPLE_ROWS_SEED = 0
 
 
 class LaunchError(ValueError):
@@ -58,6 +59,7 @@ class LaunchOptions:
     include_skipped: bool = False
     task_slugs: list[str] | None = None  # only these tasks (e.g. the files given to evalrun)
     sample: int | None = None  # this many tasks, chosen with `seed`
+    sample_rows: int | None = None  # coder-eval's --sample: this many rows of each dataset task
     sample_per_stratum: int | None = None  # dataset rows per stratum
     seed: int | None = None
     keep_artifacts: bool = False
@@ -208,6 +210,7 @@ def rerun_options(run: Run) -> LaunchOptions:
         exclude_tags=experiment.get("exclude_tags"),
         include_skipped=bool(chosen.get("include_skipped")),
         task_slugs=sorted(config.get("tasks") or {}) or None,
+        sample_rows=chosen.get("sample_rows"),
         sample_per_stratum=chosen.get("sample_per_stratum"),
         seed=run.sample_seed,
         keep_artifacts=run.keep_artifacts,
@@ -322,20 +325,38 @@ def _dataset_rows(version: TaskVersion, options: LaunchOptions, seed: int) -> li
     if not dataset:
         return [("", None)]
     id_field = dataset.get("id_field", "id")
-    rows = list(version.dataset_rows)
-    per_stratum = options.sample_per_stratum or dataset.get("sample_per_stratum")
-    if per_stratum:
-        stratify_field = dataset.get("stratify_field", "expected_skill")
-        row_seed = dataset.get("sample_seed", seed)
-        strata: dict[Any, list[dict]] = defaultdict(list)
-        for row in rows:
-            strata[row.get(stratify_field)].append(row)
-        rng = random.Random(row_seed)
-        rows = []
-        for key in sorted(strata, key=str):
-            members = strata[key]
-            rows += members if len(members) <= per_stratum else rng.sample(members, per_stratum)
+    rows = sampled_rows(list(version.dataset_rows), dataset, options, seed)
     return [(str(row[id_field]), row) for row in rows]
+
+
+def sampled_rows(rows: list[dict], dataset: dict, options: LaunchOptions, seed: int) -> list[dict]:
+    """The dataset rows a launch runs, picked as coder-eval 0.12.16 picks them
+    (`task_loader.expand_dataset`), so the same seed gives the same rows in both:
+
+    1. `sample_rows` (coder-eval's `--sample N`) draws N rows uniformly with the fixed seed 0,
+       whatever `sample_per_stratum` says (all rows when N is not below their count);
+    2. else `sample_per_stratum` (the option, or the dataset's) keeps up to N rows per stratum:
+       strata keyed by `str(row.get(stratify_field, ""))` and walked in first-seen order, one
+       random.Random(sample_seed) drawing from each stratum larger than N in turn. Without a
+       `sample_seed` the run's seed is used (coder-eval draws afresh), so a resume picks the same
+       rows."""
+    if options.sample_rows is not None:
+        if options.sample_rows < len(rows):
+            return random.Random(SAMPLE_ROWS_SEED).sample(rows, options.sample_rows)
+        return rows
+    per_stratum = options.sample_per_stratum or dataset.get("sample_per_stratum")
+    if not per_stratum:
+        return rows
+    field = dataset.get("stratify_field") or "expected_skill"
+    row_seed = dataset.get("sample_seed")
+    rng = random.Random(seed if row_seed is None else row_seed)
+    strata: dict[str, list[dict]] = {}
+    for row in rows:
+        strata.setdefault(str(row.get(field, "")), []).append(row)
+    picked: list[dict] = []
+    for members in strata.values():
+        picked += members if len(members) <= per_stratum else rng.sample(members, per_stratum)
+    return picked
 
 
 def _substitute_row(config: dict, row: dict, task_slug: str, row_id: str) -> dict:
@@ -416,6 +437,7 @@ def _frozen_config(experiment, variants, versions, options: LaunchOptions, seed:
         "options": {
             "repeats": options.repeats,
             "sample": options.sample,
+            "sample_rows": options.sample_rows,
             "sample_per_stratum": options.sample_per_stratum,
             "include_skipped": options.include_skipped,
             "agent_type": options.agent_type,

@@ -144,6 +144,10 @@ class FileCheck(BaseCriterion):
 JSON_OPERATORS = ("equals", "not_equals", "contains", "gt", "gte", "lt", "lte", "type", "regex", "exists")
 
 
+# coder-eval's floor on a json_check `contains` literal (`_MIN_CONTAINS_LITERAL_LEN`).
+MIN_CONTAINS_LITERAL = 8
+
+
 class JsonAssertion(SpecModel):
     expression: str = Field(description="JMESPath expression")
     operator: Literal[JSON_OPERATORS] = "equals"  # type: ignore[valid-type]
@@ -165,6 +169,21 @@ class JsonAssertion(SpecModel):
         # `expected: null` is a valid JSON value, so "given" means "the key is present".
         if self.operator != "exists" and "expected" not in self.model_fields_set:
             raise SpecError((("expected",), f"required when operator is {self.operator!r}"))
+        if (
+            self.operator == "contains"
+            and isinstance(self.expected, str)
+            and not has_row_var(self.expected)
+            and len(self.expected.strip()) < MIN_CONTAINS_LITERAL
+        ):
+            raise SpecError(
+                (
+                    ("expected",),
+                    f"a 'contains' literal needs at least {MIN_CONTAINS_LITERAL} characters besides spaces, "
+                    f"and {self.expected!r} has {len(self.expected.strip())} (coder-eval refuses it: a short "
+                    "piece of a paraphrased value matches by luck): use operator regex with an anchored "
+                    "pattern, or operator equals with the exact value",
+                )
+            )
         if self.operator == "regex" and isinstance(self.expected, str):
             try:
                 check_regex(self.expected)
@@ -188,6 +207,8 @@ class RunCommand(BaseCriterion):
     expected_stdout: str | None = None
     stdout_match: Literal["exact", "contains", "regex"] = "exact"
     score_from_stdout: bool = False
+    # coder-eval's; only its default (false) is accepted: true is refused by name (unbuilt.py).
+    read_only: Literal[False] = False
 
     @model_validator(mode="after")
     def _stdout(self) -> RunCommand:

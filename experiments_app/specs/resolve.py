@@ -46,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from experiments_app import specs
+from experiments_app.specs.unbuilt import unbuilt_features
 from experiments_app.specs.yaml_errors import load_yaml
 
 Layer = tuple[str, dict]
@@ -407,6 +408,11 @@ def check_override(path: str, value: Any) -> None:
     by the model itself, so field validators and constraints apply.
     """
     keys = path.split(".")
+    patch: dict[str, Any] = {}
+    _set(patch, path, value)
+    # A coder-eval key evalsite lacks is named as such, also where it has no field to walk.
+    if found := unbuilt_features(patch):
+        raise OverrideError(f"override {path}: {found[0][1]}")
     models: list[type[BaseModel]] = [specs.TaskOverlay]
     for depth, key in enumerate(keys):
         field = _field(path, key, models)
@@ -418,8 +424,6 @@ def check_override(path: str, value: Any) -> None:
         if not models:
             parent = ".".join(keys[: depth + 1])
             raise OverrideError(f"override {path}: {parent} is a single value or a list, it has no fields")
-    patch: dict[str, Any] = {}
-    _set(patch, path, value)
     try:
         specs.TaskOverlay.model_validate(patch)
     except ValidationError as exc:

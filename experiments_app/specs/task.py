@@ -100,6 +100,14 @@ class AgentSpec(SpecModel):
         problems: list[tuple[tuple[str | int, ...], str]] = [
             ((key,), message) for key, message in agent_kinds.option_problems(kind, keys)
         ]
+        if self.system_prompt_file is not None and (self.model_extra or {}).get("system_prompt") is not None:
+            problems.append(
+                (
+                    ("system_prompt_file",),
+                    "give system_prompt or system_prompt_file, not both (coder-eval refuses both): "
+                    "remove one",
+                )
+            )
         if self.type in (None, CLAUDE_KIND):
             options = {"system_prompt_file": self.system_prompt_file, **(self.model_extra or {})}
             problems += claude_options.problems(options, resolved=resolved)
@@ -817,10 +825,27 @@ def _criteria_issues(task: TaskSpec, resolved: bool = False) -> list[tuple[tuple
                     "reference: block",
                 )
             )
-        uses_reference = any(f.startswith(REFERENCE_DIR_TOKEN) for f in getattr(crit, "files", []))
-        uses_reference |= REFERENCE_DIR_TOKEN in (getattr(crit, "command", "") or "")
+        uses_reference = any(_path_uses_reference(f) for f in getattr(crit, "files", []))
+        uses_reference |= _command_uses_reference(getattr(crit, "command", "") or "")
         if uses_reference and task.reference is None:
             issues.append(
-                (("success_criteria", i), "uses $REFERENCE_DIR but the task has no reference: folder")
+                (
+                    ("success_criteria", i),
+                    "uses $REFERENCE_DIR but the task has no reference: folder; add "
+                    "`reference: {directory: <folder>}`",
+                )
             )
     return issues
+
+
+def _path_uses_reference(path: str) -> bool:
+    """A files entry naming the reference folder: the bare token, or the token and a separator
+    (`$REFERENCE_DIRECTORY/x` is a workspace path), as coder-eval's `path_uses_token` reads it."""
+    rest = path.removeprefix(REFERENCE_DIR_TOKEN)
+    return rest != path and (rest == "" or rest[0] in "/\\")
+
+
+def _command_uses_reference(command: str) -> bool:
+    """A command using the variable, `$REFERENCE_DIR` or `${REFERENCE_DIR}` (not
+    `$REFERENCE_DIRECTORY`), as coder-eval's `command_uses_token` reads it."""
+    return bool(re.search(r"\$\{REFERENCE_DIR\}|\$REFERENCE_DIR(?![A-Za-z0-9_])", command))

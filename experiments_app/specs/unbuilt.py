@@ -15,7 +15,30 @@ Loc = tuple[str | int, ...]
 
 # (path, what it is in coder-eval, what to do instead)
 _UNBUILT: list[tuple[Loc, str, str]] = [
-    # Nothing today: every coder-eval key is built or refused by design (below).
+    (
+        ("checker_context",),
+        "the judge's API route: a backend, model and litellm parameters chosen by the task",
+        "the judges' endpoint and key are the worker's (EVALSITE_JUDGE_PROVIDER, EVALSITE_JUDGE_MODEL, "
+        "docs/criteria.md); name a judge model with the criterion's `model`, and remove checker_context",
+    ),
+]
+
+# Criterion keys: (criterion type, key, what it is in coder-eval, what to do instead).
+_UNBUILT_CRITERION_KEYS: list[tuple[str, str, str, str]] = [
+    (
+        "run_command",
+        "read_only",
+        "also run the check after an agent crash or turn timeout, recorded but never scored",
+        "evalsite grades no trial whose agent crashed or timed out on a turn (it is an error): remove "
+        "read_only (or set it to false)",
+    ),
+    (
+        "llm_judge",
+        "max_transcript_chars",
+        "a cap on the judge transcript coder-eval writes beside task.json",
+        "evalsite keeps no llm_judge transcript (its verdict, rationale and findings are kept, capped): "
+        "remove max_transcript_chars",
+    ),
 ]
 
 # Keys evalsite refuses by design: (path, what it is in coder-eval, why and what to do instead).
@@ -53,6 +76,7 @@ def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
     for path, what, why in _REFUSED:
         if _set(_get(data, path)):
             found.append((path, f"coder-eval's {'.'.join(map(str, path))} ({what}) is refused: {why}"))
+    found += _unbuilt_criterion_keys(data)
     # A task sets sandbox.driver; an experiment layer may set `driver` at its top level.
     docker = "docker" in (_get(data, ("sandbox", "driver")), _get(data, ("driver",)))
     if _set(_get(data, ("sandbox", "limits", "max_cpus"))) and not docker:
@@ -65,6 +89,32 @@ def unbuilt_features(data: Any) -> list[tuple[Loc, str]]:
             )
         )
     return found
+
+
+def _unbuilt_criterion_keys(data: dict) -> list[tuple[Loc, str]]:
+    criteria = data.get("success_criteria")
+    found: list[tuple[Loc, str]] = []
+    for index, criterion in enumerate(criteria if isinstance(criteria, list) else []):
+        if not isinstance(criterion, dict):
+            continue
+        for kind, key, what, instead in _UNBUILT_CRITERION_KEYS:
+            if criterion.get("type") == kind and _set(criterion.get(key)):
+                found.append(
+                    (
+                        ("success_criteria", index, key),
+                        f"coder-eval's {kind} key {key} ({what}) is not built in evalsite: {instead}",
+                    )
+                )
+    return found
+
+
+def unbuilt_names() -> list[str]:
+    """Every key this module refuses as not built, as the docs' table names it (its test reads both)."""
+    return [
+        *(".".join(map(str, path)) for path, _, _ in _UNBUILT),
+        *(f"{kind}.{key}" for kind, key, _, _ in _UNBUILT_CRITERION_KEYS),
+        "sandbox.limits.max_cpus",
+    ]
 
 
 def refuse_unbuilt(data: Any) -> Any:

@@ -27,7 +27,6 @@ Loc = tuple[str | int, ...]
 # coder-eval criterion types that cannot exist here (they call a vendor's service): named as
 # such, not as typos.
 UNBUILT_CRITERIA = {
-    "checker_context": "checker context files",
     "system_one_judge": "UiPath's System One judge",
     "uipath_eval": "UiPath evaluations",
 }

@@ -269,6 +269,25 @@ def quarantine_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def suite_lines(report: dict[str, Any]) -> list[str]:
+    """One line per dataset suite with thresholds (task × variant): pass or FAIL, and each
+    threshold against the metric found, as coder-eval's suite gate reads them."""
+    lines = []
+    for suite in report["suites"]:
+        checks = [check for c in suite.get("criteria") or [] for check in c.get("threshold_checks") or []]
+        verdict = "pass" if suite.get("passed") else "FAIL"
+        words = ", ".join(_threshold_words(check) for check in checks) or "no threshold"
+        lines.append(f"suite {verdict}: {suite.get('task')} × {suite.get('variant')}: {words}")
+    return lines
+
+
+def _threshold_words(check: dict[str, Any]) -> str:
+    metric, minimum, actual = check.get("metric"), check.get("min_value"), check.get("actual_value")
+    if actual is None:
+        return f"{metric} not measured (needs >= {minimum:g})"
+    return f"{metric} {actual:.3g} {'>=' if check.get('passed') else '<'} {minimum:g}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     run = report["run"]
     lines = [f"# Run {run['id']}: {_md_cell(run['experiment'])}", "", _md_cell(headline(report)), ""]

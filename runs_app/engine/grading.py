@@ -19,11 +19,16 @@ from runs_app.engine.criteria.judge import CallRefused, is_judge_failure
 from runs_app.engine.gateway import roles
 from runs_app.engine.judge_agent import JudgeAgentRunner
 from runs_app.engine.outcome import Outcome
+from runs_app.engine.sandbox import workspace
 from runs_app.engine.trial_sandbox import TrialSandbox
 from runs_app.models import Trial
 
 # The final reply kept with the trajectory criteria read (for `evaluate` to grade it again).
 FINAL_TEXT_CAP = 100_000
+# What a criterion's glob path never finds, unless the pattern names it: coder-eval's default
+# list (its resources/default_ignore_patterns.yaml), which is the workspace's plus the folder of
+# its CLI mocks.
+GLOB_IGNORED = (*workspace.DEFAULT_IGNORE_PATTERNS, "cli_mocks")
 
 
 @dataclass
@@ -61,6 +66,7 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
         reference_dir=box.reference_dir(),
         shared_roots=tuple(mount.path for mount in box.env_mounts),
         dialog=trace.dialog,
+        ignore_patterns=glob_ignored(box.ignore_patterns()),
         run_verifier=_verifier(box) if box.container else None,
     )
     specs = context.config.get("success_criteria") or []
@@ -95,6 +101,18 @@ def grade(box: TrialSandbox, context: TrialContext, trace: AgentTrace, outcome: 
         outcome.error_message = result.error
     else:
         outcome.status = Trial.Status.PASSED if result.passed else Trial.Status.FAILED
+
+
+def glob_ignored(task_patterns: list[str]) -> frozenset[str]:
+    """coder-eval's `get_ignore_patterns`: its defaults plus the task's sandbox.ignore_patterns,
+    where `!name` takes a default off."""
+    patterns = set(GLOB_IGNORED)
+    for entry in (raw.strip() for raw in task_patterns):
+        if entry.startswith("!"):
+            patterns.discard(entry[1:])
+        else:
+            patterns.add(entry)
+    return frozenset(patterns)
 
 
 def _verifier(box: TrialSandbox) -> Callable[[dict], tuple[dict[str, float], dict]]:

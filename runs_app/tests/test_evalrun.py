@@ -506,3 +506,39 @@ def test_while_following_it_says_when_a_variant_is_decided():
     assert text.startswith("anytime-valid: new: pass rate in [") and "decided: better than base" in text
     decisions.check(run)  # nothing new: said once
     assert out.getvalue() == text
+
+
+ROUND2 = settings.BASE_DIR / "experiments_app" / "tests" / "corpus" / "coder_eval_round2"
+
+
+def test_it_exits_1_when_a_dataset_suite_misses_its_threshold_though_every_row_passed(
+    celery_worker_process, tmp_path
+):
+    # coder-eval 0.12.16 on the same file: "Results: 2/2 succeeded", "1 suite gate(s) failed
+    # thresholds", exit 1.
+    result = evalrun(ROUND2 / "spec_2_suite_threshold.yaml")
+
+    assert result.returncode == 1, result.stdout + result.stderr + celery_worker_process.log()[-3000:]
+    run = Run.objects.get()
+    assert (run.status, run.n_trials, run.n_passed) == (Run.Status.FINISHED, 2, 2)
+    assert "suite FAIL: spec-2-suite-threshold × default: mean 0.5 < 0.9" in result.stdout
+
+
+def test_it_exits_0_when_every_dataset_suite_meets_its_thresholds(celery_worker_process, tmp_path):
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        (ROUND2 / "spec_2_suite_threshold.yaml").read_text().replace("{mean: 0.9}", "{mean: 0.5}")
+    )
+
+    result = evalrun(task)
+
+    assert result.returncode == 0, result.stdout + result.stderr + celery_worker_process.log()[-3000:]
+    assert "suite pass: spec-2-suite-threshold × default: mean 0.5 >= 0.5" in result.stdout
+
+
+def test_it_samples_n_rows_of_a_dataset_task_as_coder_evals_sample(transactional_db):
+    result = evalrun(ROUND2 / "spec_4_sample_rows.yaml", "-T", "none", "--sample", "3", "--plan")
+
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    # coder-eval 0.12.16's `--sample 3` on this file runs rows r12, r13 and r01.
+    assert "spec-4-sample-rows × none: 3 trials over 3 dataset rows" in result.stdout, result.stdout

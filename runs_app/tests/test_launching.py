@@ -1,8 +1,10 @@
+from pathlib import Path
+
 import pytest
 
-from experiments_app.definitions import import_experiment
+from experiments_app.definitions import import_experiment, import_tasks
 from experiments_app.models import Task
-from runs_app.launching import LaunchError, LaunchOptions, launch_run
+from runs_app.launching import LaunchError, LaunchOptions, launch_run, rerun_options
 from runs_app.models import Run, Trial
 from runs_app.tests.factories import (
     EXAMPLES,
@@ -204,3 +206,66 @@ def test_it_applies_valid_overrides_to_every_trial(smoke):
 def test_it_refuses_an_experiment_that_selects_no_task(smoke):
     with pytest.raises(LaunchError, match="selects no tasks"):
         launch_run(smoke, options=LaunchOptions(tags=["no-such-tag"]))
+
+
+# The rows coder-eval 0.12.16 picks from corpus/coder_eval_round2/spec_5_sample_per_stratum.yaml
+# (its `task_loader.expand_dataset`, called on the file with its own Python; `coder-eval run
+# --sample 3` and `--sample-per-stratum 1` ran the same rows): strata in first-seen order, keyed by
+# str() of the value (1 and "1", true and "True", a missing field and "" share one).
+ROUND2 = Path(__file__).parents[2] / "experiments_app" / "tests" / "corpus" / "coder_eval_round2"
+CODER_EVAL_PICKS = [
+    # (sample_rows, sample_per_stratum, rows picked)
+    (None, None, ["r08", "r02", "r14", "r01", "r03", "r04", "r06", "r18", "r07", "r16", "r12", "r13"]),
+    (None, 1, ["r08", "r05", "r04", "r06", "r07", "r12"]),
+    (
+        None,
+        3,
+        [
+            "r08",
+            "r02",
+            "r10",
+            "r19",
+            "r01",
+            "r17",
+            "r03",
+            "r04",
+            "r06",
+            "r18",
+            "r07",
+            "r11",
+            "r16",
+            "r12",
+            "r13",
+        ],
+    ),  # fmt: skip
+    (5, None, ["r12", "r13", "r01", "r08", "r15"]),
+    (3, None, ["r12", "r13", "r01"]),
+    (5, 1, ["r12", "r13", "r01", "r08", "r15"]),  # --sample wins over sample_per_stratum
+    (30, 1, [f"r{i:02d}" for i in range(20)]),  # not below the row count: every row
+]
+
+
+@pytest.mark.parametrize(("sample_rows", "per_stratum", "picked"), CODER_EVAL_PICKS)
+def test_it_picks_the_dataset_rows_coder_eval_picks(tmp_path, sample_rows, per_stratum, picked):
+    import_tasks([ROUND2 / "spec_5_sample_per_stratum.yaml"])
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+    options = LaunchOptions(sample_rows=sample_rows, sample_per_stratum=per_stratum, seed=99, repeats=1)
+
+    run = launch_run(experiment, options=options)
+
+    rows = Trial.objects.filter(run=run, variant__slug="base").values_list("dataset_row_id", flat=True)
+    assert sorted(rows) == sorted(picked)
+    assert rerun_options(run).sample_rows == sample_rows
+
+
+def test_it_samples_rows_of_dataset_tasks_and_runs_other_tasks_whole(tmp_path):
+    make_task(tmp_path, "convert", DATASET_TASK)
+    make_task(tmp_path, "plain", f"task_id: plain\ninitial_prompt: hi\n{ONE_CRITERION}")
+    import_folder_tasks(tmp_path)
+    experiment = make_experiment(tmp_path, EXPERIMENT)
+
+    run = launch_run(experiment, options=LaunchOptions(sample_rows=2, repeats=1))
+
+    trials = Trial.objects.filter(run=run, variant__slug="base")
+    assert trials.filter(task_version__task__slug="convert").count() == 2
+    assert trials.filter(task_version__task__slug="plain").count() == 1

@@ -100,6 +100,9 @@ class GradingContext:
     shared_roots: tuple[Path, ...] = ()
     # A simulated conversation, in order: {"role": "task" | "user" | "agent", "text": ...}.
     dialog: list[dict] = field(default_factory=list)
+    # Names a glob `path` may not find (`glob_matches`): coder-eval's default ignore list with the
+    # task's sandbox.ignore_patterns applied, as the runner computes them.
+    ignore_patterns: frozenset[str] = frozenset()
     # How a criterion asks a model (llm_judge): the worker's judge gateway, which counts the call
     # as the judge's; `post_model(body, timeout)` returns the reply. None: straight to the API.
     post_model: Callable[[dict, float], dict] | None = None
@@ -332,7 +335,107 @@ def workspace_path(ctx: GradingContext, rel: str) -> tuple[Path | None, str | No
 
 
 def read_text(ctx: GradingContext, rel: str) -> tuple[str | None, str | None]:
-    return read_text_under(ctx.workspace, rel, ctx.shared_roots)
+    """The text of the file a criterion's `path` names (a glob: its one match), or why not."""
+    target, problem = one_file(ctx, rel)
+    if target is None:
+        return None, problem
+    return read_text_under(ctx.workspace, target, ctx.shared_roots)
+
+
+# ---------------------------------------------------------------- glob paths, as coder-eval reads them
+
+GLOB_CHARS = frozenset("*?[")
+MATCHES_LISTED = 10  # a wide pattern's matches, named in the details
+
+
+def is_glob(rel: str) -> bool:
+    return bool(GLOB_CHARS & set(rel))
+
+
+def literal_exists(ctx: GradingContext, rel: str) -> bool:
+    """A path that exists as written is never read as a pattern (coder-eval: "literal first")."""
+    return os.path.exists(os.path.join(ctx.workspace, rel))
+
+
+def one_file(ctx: GradingContext, rel: str) -> tuple[str | None, str | None]:
+    """The workspace path a content criterion reads for `rel`, as coder-eval's
+    `Sandbox.get_file_content` resolves it: the path as written when it exists or holds no glob
+    character; else the pattern's one matching file. No match, or several (coder-eval refuses to
+    guess which one to grade), is a failed check: (None, why)."""
+    if not is_glob(rel) or literal_exists(ctx, rel):
+        return rel, None
+    matches, problem = glob_matches(ctx, rel)
+    if problem is not None:
+        return None, problem
+    if not matches:
+        return None, f"no file matches '{rel}' in the workspace"
+    if len(matches) > 1:
+        listed = ", ".join(printable(match) for match in matches[:MATCHES_LISTED])
+        more = f", +{len(matches) - MATCHES_LISTED} more" if len(matches) > MATCHES_LISTED else ""
+        return None, (
+            f"pattern '{rel}' matches {len(matches)} files, and a criterion grades one: "
+            f"{listed}{more} (coder-eval refuses to guess too)"
+        )
+    return matches[0], None
+
+
+def graded_path(ctx: GradingContext, rel: str) -> dict[str, str]:
+    """`{"path": rel}`, with `resolved` (the one file read) when `rel` is a pattern: which file was
+    graded is most of what a glob's result says (coder-eval's `resolved_path_label`)."""
+    if not is_glob(rel) or literal_exists(ctx, rel):
+        return {"path": rel}
+    target, _ = one_file(ctx, rel)
+    return {"path": rel, "resolved": printable(target)} if target is not None else {"path": rel}
+
+
+def glob_matches(ctx: GradingContext, rel: str) -> tuple[list[str], str | None]:
+    """The regular files (links followed inside the workspace) that pattern `rel` matches, sorted,
+    as coder-eval's `Sandbox.resolve_files` finds them on Python 3.13: folders never match, and a
+    match whose path has a part the pattern found (not written out) in `ctx.ignore_patterns`
+    (`.git`, `node_modules`, `*.pyc`...) is left out; `dist/**/*.js` names `dist` and keeps it."""
+    root = Path(os.path.realpath(ctx.workspace))
+    written = {part for part in rel.split("/") if part and not is_glob(part)}
+    matches = []
+    try:
+        for found in root.glob(_as_python_313_reads(rel)):
+            # realpath, not Path.resolve: a link loop must not raise (Python 3.11).
+            target = os.path.realpath(found)
+            if not Path(target).is_relative_to(root) or not os.path.isfile(target):
+                continue
+            relative = found.relative_to(root)
+            found_parts = [part for part in relative.parts if part not in written]
+            if any(_ignored_part(part, ctx.ignore_patterns) for part in found_parts):
+                continue
+            matches.append(relative.as_posix())
+    except OSError as exc:  # a folder the search cannot enter: nested too deep, unreadable
+        return [], content_problem(f"{rel} (searching the workspace)", exc)
+    except ValueError as exc:  # a pattern pathlib cannot read
+        return [], f"'{rel}' is not a pattern a search can use: {exc}"
+    return sorted(set(matches)), None
+
+
+def _as_python_313_reads(pattern: str) -> str:
+    """coder-eval runs on Python 3.13, whose pathlib reads a final `**` as every file and folder
+    below (3.11: folders only) and `**` inside a name as `*` (3.11 refuses it): the 3.11 pattern
+    that finds the same files."""
+    parts = [part if part == "**" else re.sub(r"\*{2,}", "*", part) for part in pattern.split("/")]
+    if parts and parts[-1] == "**":
+        parts.append("*")
+    return "/".join(parts)
+
+
+def _ignored_part(part: str, patterns: frozenset[str]) -> bool:
+    """coder-eval's `matches_pattern`: `*x` is a suffix, `x*` a prefix, anything else the whole name."""
+    for pattern in patterns:
+        if pattern.startswith("*"):
+            if part.endswith(pattern[1:]):
+                return True
+        elif pattern.endswith("*"):
+            if part.startswith(pattern[:-1]):
+                return True
+        elif part == pattern:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- bounded work on content

@@ -38,7 +38,16 @@ def check_run_command(params: dict) -> None:
     allow_only(
         params,
         what,
-        {"command", "timeout", "expected_exit_code", "expected_stdout", "stdout_match", "score_from_stdout"},
+        # read_only: coder-eval's, false only (the spec refuses true by name).
+        {
+            "command",
+            "timeout",
+            "expected_exit_code",
+            "expected_stdout",
+            "stdout_match",
+            "score_from_stdout",
+            "read_only",
+        },
     )
     req_str(params, "command", what)
     opt_number(params, "timeout", what, 30, 0.001, MAX_COMMAND_TIMEOUT)

@@ -8,10 +8,8 @@ nothing must fail, not crash the grader.
 from __future__ import annotations
 
 import json
-import os
 import stat
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jmespath
@@ -25,9 +23,12 @@ from runs_app.engine.criteria.base import (
     cap,
     check_regex,
     check_rel_path,
-    content_problem,
+    glob_matches,
+    graded_path,
+    is_glob,
     is_templated,
     kind_of,
+    literal_exists,
     opt_bool,
     opt_int,
     opt_str,
@@ -40,7 +41,6 @@ from runs_app.engine.criteria.base import (
     workspace_path,
 )
 
-GLOB_CHARS = set("*?[")
 # Deeper JSON makes the parser, JMESPath or jsonschema recurse past Python's limit (jsonschema
 # first, near 150 levels); real answers nest a few levels.
 MAX_JSON_DEPTH = 64
@@ -56,11 +56,16 @@ def check_file_exists(params: dict) -> None:
 
 def evaluate_file_exists(params: dict, ctx: GradingContext) -> tuple[float, dict]:
     """Binary: a regular file or a folder is there (links followed inside the workspace). A path
-    with glob characters passes when any such entry inside the workspace matches. A FIFO, socket
-    or device is not something an agent makes as an answer: it fails, saying what it is."""
+    with glob characters that does not exist as written passes when it matches at least one file
+    (coder-eval's `Sandbox.file_exists`; a folder does not match). A FIFO, socket or device is not
+    something an agent makes as an answer: it fails, saying what it is."""
     rel = params["path"]
-    if GLOB_CHARS & set(rel):
-        return _glob_exists(ctx, rel)
+    if is_glob(rel) and not literal_exists(ctx, rel):
+        matches, problem = glob_matches(ctx, rel)
+        if problem is not None:
+            return 0.0, {"path": rel, "problem": problem}
+        shown = [printable(match) for match in matches[:20]]
+        return (1.0 if matches else 0.0), {"path": rel, "matches": shown, "match_count": len(matches)}
     path, problem = workspace_path(ctx, rel)
     if path is None:
         return 0.0, {"path": rel, "problem": problem}
@@ -68,28 +73,6 @@ def evaluate_file_exists(params: dict, ctx: GradingContext) -> tuple[float, dict
     if not _file_or_folder(mode):
         return 0.0, {"path": rel, "problem": f"'{rel}' is {kind_of(mode)}, not a file or folder"}
     return 1.0, {"path": rel, "exists": True}
-
-
-def _glob_exists(ctx: GradingContext, rel: str) -> tuple[float, dict]:
-    root = Path(os.path.realpath(ctx.workspace))
-    matches = []
-    try:
-        for found in root.glob(rel):
-            # realpath, not Path.resolve: a link loop must not raise (Python 3.11).
-            target = os.path.realpath(found)
-            if not Path(target).is_relative_to(root):
-                continue
-            try:
-                mode = os.stat(target).st_mode
-            except OSError as exc:  # a link loop, or a link to nothing: not a match
-                content_problem(str(found), exc)  # re-raises what the workspace cannot cause
-                continue
-            if _file_or_folder(mode):
-                matches.append(printable(str(found.relative_to(root))))
-    except OSError as exc:  # a folder the search cannot enter: nested too deep, unreadable
-        return 0.0, {"path": rel, "problem": content_problem(f"{rel} (searching the workspace)", exc)}
-    matches.sort()
-    return (1.0 if matches else 0.0), {"path": rel, "matches": matches[:20], "match_count": len(matches)}
 
 
 def _file_or_folder(mode: int) -> bool:
@@ -135,7 +118,7 @@ def evaluate_file_contains(params: dict, ctx: GradingContext) -> tuple[float, di
     if content is None:
         return 0.0, {"path": params["path"], "problem": problem}
     scores, details = _content_scores(content, params)
-    return (sum(scores) / len(scores) if scores else 1.0), {"path": params["path"], **details}
+    return (sum(scores) / len(scores) if scores else 1.0), {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- file_matches_regex
@@ -169,7 +152,7 @@ def evaluate_file_matches_regex(params: dict, ctx: GradingContext) -> tuple[floa
     if content is None:
         return 0.0, {"path": params["path"], "pattern": params["pattern"], "problem": problem}
     ok, details = _pattern_verdict(content, params)
-    return (1.0 if ok else 0.0), {"path": params["path"], **details}
+    return (1.0 if ok else 0.0), {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- file_check
@@ -202,7 +185,7 @@ def evaluate_file_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
         scores.append(sum(ok for ok, _ in verdicts) / len(verdicts))
         details["patterns"] = [part | {"passed": ok} for ok, part in verdicts]
     score = sum(scores) / len(scores) if scores else 1.0
-    return score, {"path": params["path"], **details}
+    return score, {**graded_path(ctx, params["path"]), **details}
 
 
 # ---------------------------------------------------------------- json_check
@@ -367,7 +350,8 @@ def evaluate_json_check(params: dict, ctx: GradingContext) -> tuple[float, dict]
     data, problem = parse_json(text, rel)
     if problem:
         return 0.0, {"path": rel, "problem": problem}
-    scores, details = [], {"path": rel}
+    scores: list[float] = []
+    details: dict[str, Any] = dict(graded_path(ctx, rel))
     if params.get("json_schema"):
         schema_score, details["schema"] = _schema_score(ctx, params["json_schema"], data)
         if schema_score == 0.0:

@@ -12,7 +12,8 @@ coder-eval). The endpoint comes from the worker's environment, never from the ta
 GradingContext.task_dir / reference_dir, and `include_reference` (default true) shows the
 reference folder's text files. `include_dialog` shows a simulated conversation (both sides, in
 order, the latest kept when longer than `max_dialog_chars`, 80,000 by default, as in coder-eval).
-`capture_transcript` and `max_transcript_chars` are accepted for compatibility and have no effect.
+`capture_transcript` is accepted for compatibility and has no effect; `max_transcript_chars` is
+refused by name at import (`experiments_app.specs.unbuilt`).
 
 The work being graded cannot talk the judge into a verdict:
 1. Each call draws a random nonce, after the agent finished, so the agent cannot know it.
@@ -93,12 +94,9 @@ DIALOG_CHARS = 80_000
 DIALOG_SPEAKERS = {"task": "USER", "user": "USER (simulated)", "agent": "AGENT"}
 # A files entry may start with one of these to read outside the workspace (coder-eval's tokens).
 FOLDER_TOKENS = {"$TASK_DIR/": "task_dir", "$REFERENCE_DIR/": "reference_dir"}
-# Accepted for coder-eval compatibility; they have no effect here (no transcript files reach
-# this grader).
-NO_EFFECT_FIELDS = {
-    "capture_transcript",
-    "max_transcript_chars",
-}
+# Accepted for coder-eval compatibility; it has no effect here (no transcript files reach this
+# grader).
+NO_EFFECT_FIELDS = {"capture_transcript"}
 
 
 class JudgeError(RuntimeError):

@@ -2,11 +2,12 @@
 
 coder-eval's semantics: each criterion may set `suite_thresholds: {metric: minimum}`. Its
 across-row aggregate offers `count`, `mean`, `median`, `std`, `min`, `max` of the per-row
-scores; a criterion whose results carry labels (`classification_match`) adds `accuracy`,
-`macro_f1`, `weighted_f1`, `micro_f1` and `precision.<label>`, `recall.<label>`,
-`f1.<label>`. The suite passes when every listed metric is >= its minimum; a metric the
-aggregate does not offer fails. Rows whose trial produced no result for the criterion, or
-whose result is an error, are left out (`rows_excluded`): errors never count as fails.
+scores and `completion_rate` (the share of rows with a usable result); a criterion whose results
+carry labels (`classification_match`) adds `accuracy`, `macro_f1`, `weighted_f1`, `micro_f1` and
+`precision.<label>`, `recall.<label>`, `f1.<label>`. The suite passes when every listed metric
+is >= its minimum; a metric the aggregate does not offer fails. Rows whose trial produced no
+result for the criterion, or whose result is an error, are left out (`rows_excluded`): errors
+never count as fails.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def criterion_aggregate(
         aggregate.threshold_checks = [ThresholdCheck(name, m, None, False) for name, m in thresholds.items()]
         return aggregate
     aggregate.metrics, aggregate.details = aggregate_metrics(results)
+    # coder-eval's gateable share of rows with a usable result (`_attach_row_accounting`).
+    aggregate.metrics["completion_rate"] = len(results) / len(rows)
     aggregate.threshold_checks = check_suite_thresholds(thresholds, aggregate.metrics)
     aggregate.passed = all(check.passed for check in aggregate.threshold_checks)
     return aggregate

@@ -3,9 +3,9 @@
 The run is a normal Run (the dashboard shows it); the worker processes execute it. This command
 imports the task files (coder-eval YAML and Harbor task folders alike), launches (or resumes) the
 run, follows it, prints the comparison summary and writes the requested reports. Exit codes: 0
-every trial passed and every gate holds, 1 a trial failed or errored, a gate failed or the run
-was cancelled (with `--plan`: the design can detect no effect), 2 bad input; 130 on Ctrl-C (or
-SIGTERM).
+every trial passed, every gate holds and every dataset suite meets its thresholds, 1 a trial
+failed or errored, a gate or a suite's thresholds failed or the run was cancelled (with `--plan`:
+the design can detect no effect), 2 bad input; 130 on Ctrl-C (or SIGTERM).
 """
 
 import contextlib
@@ -90,9 +90,17 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--repeats", type=int, help="trials per task and variant")
         parser.add_argument("-j", "--max-parallel", type=int, help="trials of this run running at once")
-        parser.add_argument("--sample", type=int, help="run only N tasks, chosen with --seed")
+        parser.add_argument(
+            "--sample", type=int,
+            help="run N rows of each dataset task, drawn uniformly with a fixed seed (coder-eval's "
+            "--sample: the same rows every run; it overrides sample_per_stratum)",
+        )  # fmt: skip
+        parser.add_argument("--sample-tasks", type=int, help="run only N tasks, chosen with --seed")
         parser.add_argument("--sample-per-stratum", type=int, help="dataset rows per stratum")
-        parser.add_argument("--seed", type=int, help="seed of --sample and --sample-per-stratum")
+        parser.add_argument(
+            "--seed", type=int,
+            help="seed of --sample-tasks, and of --sample-per-stratum for a dataset without sample_seed",
+        )  # fmt: skip
         parser.add_argument("--keep-artifacts", action="store_true", help="keep each trial's workspace")
         parser.add_argument(
             "--any-code-version", action="store_true",
@@ -120,7 +128,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         self._configure_logging(options["verbosity"], options["log_file"])
-        for name in ("repeats", "max_parallel", "sample", "sample_per_stratum"):
+        for name in ("repeats", "max_parallel", "sample", "sample_tasks", "sample_per_stratum"):
             if options[name] is not None and options[name] < 1:
                 raise CommandError(
                     f"--{name.replace('_', '-')} must be at least 1", returncode=EXIT_BAD_INPUT
@@ -186,8 +194,9 @@ class Command(BaseCommand):
         return experiment, LaunchOptions(
             overrides=options["overrides"], repeats=options["repeats"], max_parallel=options["max_parallel"],
             tags=_csv(options["tags"]), exclude_tags=_csv(options["exclude_tags"]),
-            include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample"],
-            sample_per_stratum=options["sample_per_stratum"], seed=options["seed"],
+            include_skipped=options["include_skipped"], task_slugs=slugs, sample=options["sample_tasks"],
+            sample_rows=options["sample"], sample_per_stratum=options["sample_per_stratum"],
+            seed=options["seed"],
             keep_artifacts=options["keep_artifacts"],
             any_code_version=options["any_code_version"], variants=_csv(options["variants"]),
             # An ad-hoc experiment already carries -T/-m in its one variant.
@@ -421,10 +430,16 @@ class Command(BaseCommand):
         for gate in report["gates"]:
             verdict = self.style.SUCCESS("pass") if gate["passed"] else self.style.ERROR("FAIL")
             self.stdout.write(f"gate {verdict}: {gate['name']}: {gate['detail']}")
+        for line in reports.suite_lines(report):
+            style = self.style.SUCCESS if line.startswith("suite pass") else self.style.ERROR
+            self.stdout.write(style(line))
 
     def _exit_code(self, run: Run) -> int:
+        """1 unless every trial passed, every gate held and every dataset suite met its
+        thresholds (coder-eval exits 1 on a failed suite gate too, its rows all passed or not)."""
         all_passed = run.status == Run.Status.FINISHED and run.n_trials == run.n_passed
-        return 0 if all_passed and run.gates_passed is not False else 1
+        suites_held = all(suite.get("passed") for suite in run.suite_results)
+        return 0 if all_passed and suites_held and run.gates_passed is not False else 1
 
 
 class _Progress:
