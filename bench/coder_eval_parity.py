@@ -73,6 +73,7 @@ DOCS = ROOT / "docs" / "coder-eval.md"
 PLAN_TIMEOUT = 120
 RUN_TIMEOUT = 600  # one coder-eval run (env_packages installs included)
 EVALSITE_TIMEOUT = 900  # all of evalsite's runs
+WORKER_START_TIMEOUT = 120
 ERROR_CHARS = 300
 UNDOCUMENTED = "UNDOCUMENTED"
 # Lines of `coder-eval plan` that start its error.
@@ -431,19 +432,17 @@ def evalsite_verdict(item: Item) -> dict:
     return verdict
 
 
-def evalsite_outcomes(items: list[Item], scratch: Path) -> dict[str, tuple[list[dict], int]]:
+def evalsite_outcomes(items: list[Item], scratch: Path) -> dict[str, tuple[list[dict], int] | str]:
     """Import the items for real and run each in a run of its own, through a worker started
-    here: {item key: (outcomes, the exit code evalrun would give that run)}."""
+    here: {item key: (outcomes, the exit code evalrun would give that run), or why the launch
+    refused it (a container task with no worker running containers, say)}."""
     from evalsite.celery import app
-    from runs_app.launching import launch_run
+    from runs_app import control
+    from runs_app.launching import LaunchError, launch_run
     from runs_app.management.commands.evalrun import Command as EvalRun
     from runs_app.models import Run, Trial
 
     app.control.purge()
-    runs = {}
-    for item in items:
-        experiment, slugs = _evalsite_import(item)
-        runs[item.key] = launch_run(experiment, options=_launch_options(item, slugs, max_parallel=2))
     log_path = scratch / "worker.log"
     with log_path.open("w") as log:
         worker = subprocess.Popen(
@@ -451,7 +450,21 @@ def evalsite_outcomes(items: list[Item], scratch: Path) -> dict[str, tuple[list[
              "--without-gossip", "--without-mingle", "-n", "parity@%h"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    results: dict[str, tuple[list[dict], int] | str] = {}
+    runs = {}
     try:
+        # A launch checks the live workers (containers): wait until this one has said hello.
+        deadline = time.monotonic() + WORKER_START_TIMEOUT
+        while not control.live_workers().exists():
+            if time.monotonic() > deadline:
+                sys.exit(f"evalsite's worker did not start in {WORKER_START_TIMEOUT} s: see {log_path}")
+            time.sleep(0.2)
+        for item in items:
+            experiment, slugs = _evalsite_import(item)
+            try:
+                runs[item.key] = launch_run(experiment, options=_launch_options(item, slugs, max_parallel=2))
+            except LaunchError as exc:
+                results[item.key] = shown(exc.problems[0], item.folder)
         deadline = time.monotonic() + EVALSITE_TIMEOUT
         while not all(Run.objects.get(pk=run.pk).is_final for run in runs.values()):
             if time.monotonic() > deadline:
@@ -460,7 +473,6 @@ def evalsite_outcomes(items: list[Item], scratch: Path) -> dict[str, tuple[list[
     finally:
         os.killpg(worker.pid, 9)
         worker.wait()
-    results = {}
     by_key = {item.key: item for item in items}
     for key, run in runs.items():
         run = Run.objects.get(pk=run.pk)
@@ -647,8 +659,11 @@ def compare(items: list[Item], exe: Path, scratch: Path, run: bool) -> dict[str,
         if results[item.key]["evalsite"]["verdict"] == "accepted" and item.key in to_run:
             accepted.append(item)
     if accepted:
-        for key, (outcomes, code) in evalsite_outcomes(accepted, scratch).items():
-            results[key]["evalsite"].update(outcomes=outcomes, run_exit_code=code)
+        for key, ran in evalsite_outcomes(accepted, scratch).items():
+            if isinstance(ran, str):
+                results[key]["evalsite"].update(verdict="refused", stage="launch", error=ran)
+            else:
+                results[key]["evalsite"].update(outcomes=ran[0], run_exit_code=ran[1])
     print(f"evalsite: {len(items)} files, {len(accepted)} run, {time.perf_counter() - started:.0f} s in all")
     return results
 
