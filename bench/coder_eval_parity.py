@@ -11,7 +11,9 @@ folder may hold an expected.json (the project's corpora do); per file it may giv
 - `args`: flags for both tools' run (`--sample N`, `--sample-per-stratum N`, `--seed N`,
   `-D path=value`), since some behaviour is not in a YAML;
 - `difference`: a quote of the docs/coder-eval.md entry that explains why the tools differ;
-- `pending`: the fix the difference awaits (an issue item): it is reported apart, see below.
+- `pending`: the fix the difference awaits (an issue item): it is reported apart, see below;
+- `evalsite_expects`: `{"statuses": [...], "error": REGEX}`, what evalsite's trials must give,
+  for behaviour of evalsite's own keys that coder-eval cannot show (hooks).
 
 For each file:
 1. coder-eval's verdict: `coder-eval plan [-e EXP] FILE...` (exit code, first error line; a
@@ -94,6 +96,7 @@ class Rule:
     coder_eval: str = ""  # coder-eval's verdict: accepted / refused
     evalsite: str = ""  # evalsite's verdict
     coder_eval_error: str = ""  # a regex searched in coder-eval's error
+    coder_eval_warning: str = ""  # a regex searched in coder-eval's warning
     evalsite_error: str = ""  # a regex searched in evalsite's error
     key: str = ""  # a top-level key of the file
 
@@ -102,6 +105,7 @@ KNOWN_DIFFERENCES = [
     Rule(
         "unknown top-level key", "evalsite refuses an unknown top-level task key",
         coder_eval="accepted", evalsite="refused", evalsite_error=r"^[^:]*:\d+: \w+: unknown key",
+        coder_eval_warning=r"unknown top-level field",
     ),
     Rule(
         "gating", "A criterion's `gating` key is evalsite's own",
@@ -150,11 +154,12 @@ KNOWN_DIFFERENCES = [
     ),
     Rule(
         "not built", "The criterion types, agent options and sandbox keys in the table above are refused",
-        coder_eval="accepted", evalsite="refused", evalsite_error=r"is not built",
+        coder_eval="accepted", evalsite="refused",
+        evalsite_error=r"\b(system_one_judge|uipath_eval|max_cpus)\b.* is not built",
     ),
     Rule(
         "hooks", "`hooks` (trial and suite) are evalsite's own",
-        coder_eval="accepted", key="hooks",
+        coder_eval="accepted", key="hooks", coder_eval_warning=r"unknown top-level field 'hooks'",
     ),
     Rule(
         "hooks in an experiment", "`hooks` (trial and suite) are evalsite's own",
@@ -202,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _load_yaml(path: Path) -> object:
     try:
         return yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError):
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return None  # the tools say what is wrong with it
 
 
@@ -323,11 +328,14 @@ def coder_eval_plan(exe: Path, item: Item, scratch: Path) -> dict:
             error = shown(" ".join(lines[i : i + 3]).split("Error:", 1)[-1], item.folder)
             break
     refused = done.returncode != 0 or "resolution failed" in done.stdout
+    # What coder-eval accepts but ignores (an unknown top-level key) it only warns of.
+    warning = next((shown(line, item.folder) for line in lines if "unknown top-level field" in line), "")
     return {
         "verdict": "refused" if refused else "accepted",
         "stage": "plan" if refused else "",
         "exit_code": done.returncode,
         "error": error,
+        **({"warning": warning} if warning else {}),
     }
 
 
@@ -543,14 +551,35 @@ def matching_rule(result: dict, data: object) -> Rule | None:
             continue
         if rule.evalsite_error and not re.search(rule.evalsite_error, es.get("error") or ""):
             continue
+        if rule.coder_eval_warning and not re.search(rule.coder_eval_warning, ce.get("warning") or ""):
+            continue
         if rule.key and not (isinstance(data, dict) and rule.key in data):
             continue
         return rule
     return None
 
 
+def unmet_expectation(item: Item, result: dict) -> str:
+    """What evalsite did against the file's `evalsite_expects` ({"statuses": [...], "error":
+    regex}), for behaviour coder-eval cannot show (evalsite's own keys); "" when it holds."""
+    expects, side = item.expected.get("evalsite_expects"), result["evalsite"]
+    if not expects or "outcomes" not in side:
+        return ""
+    statuses = sorted(o["status"] for o in side["outcomes"])
+    if "statuses" in expects and statuses != sorted(expects["statuses"]):
+        return f"evalsite's trials are {statuses}, expected {sorted(expects['statuses'])}"
+    if "error" in expects:
+        errors = [o.get("error") or "" for o in side["outcomes"]]
+        if not all(re.search(expects["error"], error) for error in errors):
+            return f"evalsite's errors {errors} do not match {expects['error']!r}"
+    return ""
+
+
 def judge(item: Item, result: dict, docs: str) -> tuple[str, str]:
     """(the file's verdict, why): agree / documented / pending / DIFFERENT."""
+    unmet = unmet_expectation(item, result)
+    if unmet:
+        return ("pending", item.expected["pending"]) if item.expected.get("pending") else ("DIFFERENT", unmet)
     if tools_agree(result):
         return "agree", ""
     difference = item.expected.get("difference")
@@ -602,7 +631,7 @@ def summary(items: list[Item], verdicts: dict) -> int:
             if verdicts[item.key][0] == kind:
                 print(f"  {kind} {item.key}: {verdicts[item.key][1]}")
     for item in items:
-        if item.expected.get("pending") and verdicts[item.key][0] != "pending":
+        if item.expected.get("pending") and verdicts[item.key][0] == "agree":
             print(f"  no longer pending: {item.key} (--record drops its `pending`)")
     if counts["DIFFERENT"]:
         print("result: undocumented differences (exit 1)")
@@ -624,9 +653,10 @@ def record(items: list[Item], results: dict) -> None:
             old = expected.get(item.name) or {}
             # `agree` is recorded so the fast test need not repeat the comparison (and its status
             # mapping, which lives in runs_app) to know which files need a documented difference.
-            entry = {**({"args": old["args"]} if old.get("args") else {}), **result}
+            entry = {key: old[key] for key in ("args", "evalsite_expects") if old.get(key)} | result
             entry |= {"agree": tools_agree(result), "difference": old.get("difference")}
-            if old.get("pending") and not entry["agree"]:
+            met = not unmet_expectation(item, result)
+            if old.get("pending") and not (entry["agree"] and met):
                 entry["pending"] = old["pending"]
             expected[item.name] = entry
         path.write_text(json.dumps(dict(sorted(expected.items())), indent=2, ensure_ascii=False) + "\n")

@@ -18,12 +18,15 @@ _SPEC.loader.exec_module(bench)
 DOCS = " ".join((settings.BASE_DIR / "docs" / "coder-eval.md").read_text().split())
 
 # `plan`: refuses a file holding "FAKE-REFUSE: <message>" with that message, as coder-eval prints
-# a pydantic error; accepts anything else.
+# a pydantic error; warns of "FAKE-WARN: <message>"; accepts anything else.
 FAKE_CODER_EVAL = """#!{python}
 import re, sys
 files = [a for a in sys.argv[2:] if a != "-e"]
 for name in files:
-    found = re.search(r"FAKE-REFUSE: (.*)", open(name).read())
+    text = open(name).read()
+    for warning in re.findall(r"FAKE-WARN: (.*)", text):
+        print("  ⚠ TaskDefinition: " + warning)
+    found = re.search(r"FAKE-REFUSE: (.*)", text)
     if found:
         print("  Error: Invalid task definition: 1 validation error for TaskDefinition")
         print(found.group(1))
@@ -67,7 +70,12 @@ def folder(tmp_path):
         comment="FAKE-REFUSE: success_criteria.0.file_exists.gating Extra inputs are not permitted",
     )  # fmt: skip
     # A top-level typo: coder-eval runs the task, evalsite refuses it, a documented difference.
-    _task(root, "top_typo.yaml", "pb-top-typo", extra="\ntag: [x]")
+    _task(
+        root, "top_typo.yaml", "pb-top-typo", extra="\ntag: [x]",
+        comment="FAKE-WARN: unknown top-level field 'tag' will be ignored",
+    )  # fmt: skip
+    # A real coder-eval key that evalsite does not know is no typo: not documented by that rule.
+    _task(root, "real_key.yaml", "pb-real-key", extra="\nchecker_context: {}")
     # coder-eval refuses for a reason no docs entry gives.
     _task(root, "odd.yaml", "pb-odd", comment="FAKE-REFUSE: something else entirely")
     _task(root, "awaited.yaml", "pb-awaited", comment="FAKE-REFUSE: something else entirely")
@@ -87,7 +95,7 @@ def test_it_walks_top_level_files_task_folders_and_experiments(folder):
 
     assert [item.name for item in items] == [
         "awaited.yaml", "exp/experiment.yaml", "folder_task/task.yaml", "gating.yaml", "odd.yaml",
-        "same.yaml", "top_typo.yaml",
+        "real_key.yaml", "same.yaml", "top_typo.yaml",
     ]  # fmt: skip
     experiment = next(item for item in items if item.is_experiment)
     assert experiment.tasks == ["exp/task.yaml"]
@@ -115,6 +123,7 @@ def test_it_classifies_each_file_and_exits_by_the_worst(folder, fake_coder_eval,
         "folder_task/task.yaml": "agree",
         "gating.yaml": "documented",
         "odd.yaml": "DIFFERENT",
+        "real_key.yaml": "DIFFERENT",
         "same.yaml": "agree",
         "top_typo.yaml": "documented",
     }
@@ -122,7 +131,7 @@ def test_it_classifies_each_file_and_exits_by_the_worst(folder, fake_coder_eval,
     assert verdicts["awaited.yaml"][1] == "issue 30 item 99"
     by_key = {item.key: verdicts[item.name] for item in items}
     assert bench.summary(items, by_key) == bench.EXIT_DIFFERENT
-    without_odd = [item for item in items if item.name != "odd.yaml"]
+    without_odd = [item for item in items if item.name not in ("odd.yaml", "real_key.yaml")]
     assert bench.summary(without_odd, by_key) == bench.EXIT_ONLY_PENDING
     assert bench.summary([item for item in without_odd if item.name != "awaited.yaml"], by_key) == 0
 
@@ -143,6 +152,30 @@ def test_it_compares_outcomes_and_exit_codes_when_both_ran():
     assert not bench.tools_agree(result)
 
 
+def test_it_holds_evalsite_to_its_own_expectation_where_coder_eval_cannot_show_it():
+    item = bench.Item(
+        Path("/x"), "hooks.yaml", {"evalsite_expects": {"statuses": ["error"], "error": "says no"}}
+    )
+    ran = {"verdict": "accepted", "stage": "", "error": ""}
+    result = {
+        "coder_eval": {
+            **ran,
+            "outcomes": [{"row": None, "status": "SUCCESS", "score": 1.0}],
+            "run_exit_code": 0,
+        },
+        "evalsite": {**ran, "outcomes": [{"row": None, "status": "error", "score": 1.0, "error": "x: "}]},
+    }
+    assert bench.judge(item, result, DOCS)[0] == "DIFFERENT"
+
+    item.expected["pending"] = "issue 30 item 12"
+    assert bench.judge(item, result, DOCS) == ("pending", "issue 30 item 12")
+
+    result["evalsite"]["outcomes"][0]["error"] = "x: the hook says no"
+    del item.expected["pending"]
+    verdict, why = bench.judge(item, result, DOCS)
+    assert (verdict, why) == ("DIFFERENT", "no difference recorded")  # met; the tools still differ
+
+
 def test_every_known_difference_quotes_the_docs():
     for rule in bench.KNOWN_DIFFERENCES:
         assert " ".join(rule.docs.split()) in DOCS, rule.name
@@ -161,3 +194,43 @@ def test_the_rules_recognise_the_corpus_documented_refusals():
         if bench.matching_rule(entry, bench._load_yaml(corpus / name)) is None:
             unrecognised.append(name)
     assert unrecognised == []
+
+
+# --- the second-round corpus (corpus/coder_eval_round2/) -------------------------------------
+
+ROUND2 = bench.CORPORA[1]
+ROUND2_ITEMS = bench.collect([ROUND2], None)
+ROUND2_EXPECTED = json.loads((ROUND2 / "expected.json").read_text())
+
+
+def test_the_second_round_corpus_is_all_recorded():
+    assert len(ROUND2_ITEMS) >= 25
+    assert sorted(item.name for item in ROUND2_ITEMS) == sorted(
+        name for name, entry in ROUND2_EXPECTED.items() if "evalsite" in entry
+    ), "run bench/coder_eval_parity.py experiments_app/tests/corpus/coder_eval_round2 --record"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("item", ROUND2_ITEMS, ids=lambda item: item.name)
+def test_it_imports_or_refuses_each_second_round_file_as_recorded(item):
+    from experiments_app.definitions import ImportFailed
+
+    recorded = ROUND2_EXPECTED[item.name]["evalsite"]
+    expected = "refused" if recorded["verdict"] == "refused" and recorded["stage"] == "import" else "accepted"
+    try:
+        bench._evalsite_import(item)
+        verdict, problem = "accepted", ""
+    except ImportFailed as exc:
+        verdict, problem = "refused", exc.issues[0]
+    assert verdict == expected, problem or f"recorded as refused: {recorded['error']}"
+
+
+@pytest.mark.parametrize("item", ROUND2_ITEMS, ids=lambda item: item.name)
+def test_every_second_round_difference_is_documented_or_awaits_a_named_fix(item):
+    entry = ROUND2_EXPECTED[item.name]
+    if entry["agree"]:
+        return
+    verdict, why = bench.judge(item, entry, DOCS)
+    assert verdict in ("documented", "pending"), why
+    if verdict == "pending":
+        assert why.startswith("issue 30 item "), why
