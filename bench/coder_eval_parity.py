@@ -283,7 +283,7 @@ def agentless(item: Item) -> bool:
 def shown(text: str, folder: Path) -> str:
     """An error line without this machine's paths, cut to a readable length."""
     text = " ".join(text.replace(str(folder) + "/", "").split())
-    return text[:ERROR_CHARS]
+    return re.sub(r"\S*/evalsite-parity-[^/\s]+/", "SCRATCH/", text)[:ERROR_CHARS]  # this run's folder
 
 
 def run_args(item: Item) -> argparse.Namespace:
