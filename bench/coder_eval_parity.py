@@ -8,8 +8,8 @@ experiments_app/tests/corpus/coder_eval/ and corpus/coder_eval_round2/. A folder
 top-level *.yaml, every */task.yaml and every */experiment.yaml. An experiment (a file with an
 `experiment_id`) runs over the other *.yaml files of its folder, which are not run alone. A
 folder may hold an expected.json (the project's corpora do); per file it may give
-- `args`: flags for both tools' run (`--sample N`, `--sample-per-stratum N`, `--seed N`,
-  `-D path=value`), since some behaviour is not in a YAML;
+- `args`: flags for both tools' run (`--sample N`, `--sample-per-stratum N`, `-D path=value`),
+  since some behaviour is not in a YAML;
 - `difference`: a quote of the docs/coder-eval.md entry that explains why the tools differ;
 - `pending`: the fix the difference awaits (an issue item): it is reported apart, see below;
 - `evalsite_expects`: `{"statuses": [...], "error": REGEX}`, what evalsite's trials must give,
@@ -291,7 +291,6 @@ def run_args(item: Item) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"{item.key} args", exit_on_error=False)
     parser.add_argument("--sample", type=int)
     parser.add_argument("--sample-per-stratum", type=int)
-    parser.add_argument("--seed", type=int)
     parser.add_argument("-D", "--set", dest="overrides", action="append", default=[])
     return parser.parse_args(item.expected.get("args") or [])
 
@@ -346,8 +345,6 @@ def coder_eval_run(exe: Path, item: Item, scratch: Path) -> tuple[str | None, li
     flags = [f"--sample={args.sample}"] if args.sample else []
     flags += [f"--sample-per-stratum={args.sample_per_stratum}"] if args.sample_per_stratum else []
     flags += [arg for override in args.overrides for arg in ("-D", override)]
-    if args.seed is not None:
-        return f"--seed is evalsite's own: give the seed in the YAML ({item.key})", [], None
     try:
         done = subprocess.run(
             [str(exe), "run", *coder_eval_files(item), *flags, "--run-dir", str(run_dir),
@@ -415,7 +412,7 @@ def _launch_options(item: Item, slugs: list[str], **more):
     args = run_args(item)
     return LaunchOptions(
         task_slugs=slugs, overrides=args.overrides, sample=args.sample,
-        sample_per_stratum=args.sample_per_stratum, seed=args.seed, **more,
+        sample_per_stratum=args.sample_per_stratum, **more,
     )  # fmt: skip
 
 
