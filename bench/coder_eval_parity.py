@@ -616,8 +616,9 @@ def print_table(items: list[Item], results: dict, verdicts: dict) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + "  " + mark)
 
 
-def summary(items: list[Item], verdicts: dict) -> int:
-    """Print the totals and what is not agreed; return the exit code."""
+def summary(items: list[Item], verdicts: dict, compared_fully: set[str] | None = None) -> int:
+    """Print the totals and what is not agreed; return the exit code. A `pending` file is said to
+    agree now only if it was `compared_fully` (run, when it is runnable; default: every file)."""
     counts = {kind: sum(verdicts[item.key][0] == kind for item in items) for kind in VERDICTS}
     print(
         f"{len(items)} files: {counts['agree']} agree, {counts['documented']} documented differences, "
@@ -628,7 +629,8 @@ def summary(items: list[Item], verdicts: dict) -> int:
             if verdicts[item.key][0] == kind:
                 print(f"  {kind} {item.key}: {verdicts[item.key][1]}")
     for item in items:
-        if item.expected.get("pending") and verdicts[item.key][0] == "agree":
+        full = compared_fully is None or item.key in compared_fully
+        if item.expected.get("pending") and verdicts[item.key][0] == "agree" and full:
             print(f"  no longer pending: {item.key} (--record drops its `pending`)")
     if counts["DIFFERENT"]:
         print("result: undocumented differences (exit 1)")
@@ -697,6 +699,8 @@ def compare(items: list[Item], exe: Path, scratch: Path, run: bool) -> dict[str,
 
 def main() -> None:
     args = parse_args()
+    if args.record and args.no_run:
+        sys.exit("--record needs the runs: without them it would drop the recorded outcomes")
     exe = args.coder_eval or (Path(found) if (found := shutil.which("coder-eval")) else None)
     if exe is None or not exe.exists():
         print("coder-eval not found: give --coder-eval PATH (coder-eval 0.12.16) or put it on PATH")
@@ -725,7 +729,10 @@ def main() -> None:
     verdicts = {item.key: judge(item, results[item.key], docs) for item in items}
     print_table(items, results, verdicts)
     print()
-    code = summary(items, verdicts)
+    fully = {item.key for item in items if not args.no_run or not agentless(item)}
+    code = summary(items, verdicts, fully)
+    if len(fully) < len(items):
+        print(f"--no-run: {len(items) - len(fully)} runnable files were compared by their load verdicts only")
     if args.record:
         record(items, results)
     sys.exit(code)
