@@ -154,8 +154,13 @@ KNOWN_DIFFERENCES = [
     ),
     Rule(
         "not built", "The criterion types, agent options and sandbox keys in the table above are refused",
-        coder_eval="accepted", evalsite="refused",
-        evalsite_error=r"\b(system_one_judge|uipath_eval|max_cpus)\b.* is not built",
+        coder_eval="accepted", evalsite="refused", evalsite_error=r" is not built( in evalsite)?\b",
+    ),
+    Rule(
+        "working_directory_preamble",
+        "The agent option `working_directory_preamble: false` is evalsite's own",
+        coder_eval="refused", evalsite="accepted",
+        coder_eval_error=r"agent\.working_directory_preamble Extra inputs",
     ),
     Rule(
         "hooks", "`hooks` (trial and suite) are evalsite's own",
@@ -194,7 +199,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="folders (or files) to compare")
     parser.add_argument("--folder", action="append", type=Path, default=[], help="a folder to compare")
-    parser.add_argument("--coder-eval", type=Path, help="the coder-eval executable (default: on PATH)")
+    parser.add_argument(
+        "--coder-eval", type=Path, help="coder-eval (default: `make coder-eval`'s, else on PATH)"
+    )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="only these files (names in their folder)")
     parser.add_argument("--no-run", action="store_true", help="compare verdicts only")
     parser.add_argument("--record", action="store_true", help="rewrite expected.json from this run")
@@ -410,8 +417,9 @@ def _launch_options(item: Item, slugs: list[str], **more):
     from runs_app.launching import LaunchOptions
 
     args = run_args(item)
+    # coder-eval's --sample is N dataset rows, as evalrun's is.
     return LaunchOptions(
-        task_slugs=slugs, overrides=args.overrides, sample=args.sample,
+        task_slugs=slugs, overrides=args.overrides, sample_rows=args.sample,
         sample_per_stratum=args.sample_per_stratum, **more,
     )  # fmt: skip
 
@@ -701,9 +709,11 @@ def main() -> None:
     args = parse_args()
     if args.record and args.no_run:
         sys.exit("--record needs the runs: without them it would drop the recorded outcomes")
-    exe = args.coder_eval or (Path(found) if (found := shutil.which("coder-eval")) else None)
+    installed = ROOT / ".agents" / "coder-eval" / "bin" / "coder-eval"
+    found = str(installed) if installed.is_file() else shutil.which("coder-eval")
+    exe = args.coder_eval or (Path(found) if found else None)
     if exe is None or not exe.exists():
-        print("coder-eval not found: give --coder-eval PATH (coder-eval 0.12.16) or put it on PATH")
+        print("coder-eval not found: `make coder-eval`, or give --coder-eval PATH (coder-eval 0.12.16)")
         sys.exit(EXIT_NO_CODER_EVAL)
     items = collect([*args.paths, *args.folder], args.only)
     docs = " ".join(DOCS.read_text().split())
