@@ -242,6 +242,7 @@ class ContainerSandbox(Sandbox):
                 memory_bytes=self.resources.memory_bytes, cpus=self.resources.cpus, pids=self.resources.pids,
                 read_only=not self.in_image,
                 skeletons=[(source, PurePosixPath(target)) for target, source in self._roots],
+                workdir=self.workdir if self.in_image else None,
             )
         )  # fmt: skip
         # Its PID 1 from its cgroup, without a round trip to the engine (a tenth of a trial's
@@ -577,6 +578,7 @@ class ContainerSandbox(Sandbox):
             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=command.client_env(),
         )  # fmt: skip
         assert copy.stdout is not None and copy.stderr is not None
+        unpacking = ""
         try:
             with tarfile.open(fileobj=copy.stdout, mode="r|") as archive:
                 archive.extractall(
@@ -584,14 +586,16 @@ class ContainerSandbox(Sandbox):
                 )
         except (tarfile.TarError, OSError) as exc:
             copy.kill()
-            raise SandboxError(f"copying {self.workdir} out of the container failed: {exc}") from None
+            unpacking = str(exc)
         finally:
             copy.stdout.close()
             error = copy.stderr.read().decode("utf-8", "replace").strip()
             copy.stderr.close()
             copy.wait()
-        if copy.returncode != 0:
-            raise SandboxError(f"copying {self.workdir} out of the container failed: {error[-500:]}")
+        # docker's own words first: an empty archive ("empty file") says only that it wrote nothing.
+        if copy.returncode != 0 or unpacking:
+            why = "; ".join(part for part in (error[-500:], unpacking) if part)
+            raise SandboxError(f"copying {self.workdir} out of the container failed: {why}")
         return target
 
 

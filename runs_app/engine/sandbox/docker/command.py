@@ -133,8 +133,11 @@ def run_args(
     pids: int | None,
     read_only: bool,
     skeletons: Sequence[tuple[Path, PurePosixPath]],
+    workdir: PurePosixPath | None = None,
 ) -> list[str]:
-    """`docker run` of a trial's container: idle under its own PID 1 until the trial ends."""
+    """`docker run` of a trial's container: idle under its own PID 1 until the trial ends.
+    `workdir`: the image's folder that is the workspace, made by the engine if the image lacks it
+    (as `docker run -w` does for coder-eval), so that an empty workspace still exists."""
     root = user.split(":")[0] in ("0", "root")
     args = [
         "run", "--detach", "--pull", "never", "--name", name, "--hostname", "sandbox",
@@ -156,6 +159,8 @@ def run_args(
         args += ["--pids-limit", str(pids)]
     if read_only:
         args.append("--read-only")
+    if workdir is not None:
+        args += ["--workdir", str(workdir)]
     for source, target in skeletons:
         args += ["--mount", f"type=bind,src={source},dst={target},readonly,bind-propagation=rslave"]
     return [*args, image, "init"]
