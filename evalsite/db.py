@@ -5,17 +5,14 @@ is back (a trial's outcome is reported, not run again)."""
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from evalsite.postgresql.pool import DatabaseUnreachable, PoolBusy
-
 __all__ = [
-    "DatabaseUnreachable",
-    "PoolBusy",
     "drop_connection",
     "give_back_connection",
     "persistently",
@@ -40,13 +37,18 @@ def give_back_connection() -> None:
 def unavailable(exc: BaseException) -> str | None:
     """ "unreachable" when `exc` says the database cannot be reached, "busy" when every pooled
     connection stayed taken for the pool's timeout; None for any other error."""
+    # Only a PostgreSQL pool raises these: importing psycopg for them would cost every process
+    # on the embedded default ~15 MB, so a process that never made the pool has neither.
+    pool = sys.modules.get("evalsite.postgresql.pool")
+    if pool is None:
+        return None
     seen = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, DatabaseUnreachable):
+        if isinstance(cause, pool.DatabaseUnreachable):
             return "unreachable"
-        if isinstance(cause, PoolBusy):
+        if isinstance(cause, pool.PoolBusy):
             return "busy"
         cause = cause.__cause__ or cause.__context__
     return None

@@ -47,6 +47,23 @@ def test_it_starts_on_the_embedded_default_without_any_environment():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_worker_on_the_embedded_default_leaves_psycopg_unloaded():
+    # psycopg and its pool cost every process ~15 MB; only a PostgreSQL database needs them.
+    check = "import django, sys; django.setup(); import runs_app.tasks; print(sorted(m for m in sys.modules if m.startswith('psycopg')))"  # noqa: E501
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "evalsite.settings", "DATABASE_URL": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=settings.BASE_DIR,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_it_parses_a_postgres_url_for_psycopg():
     database = database_from_url("DATABASE_URL", "postgres://eval:s%40cret@db.internal:6543/evalsite")
 
