@@ -309,7 +309,11 @@ def main() -> None:
     finally:
         for process in reversed(processes):
             process.terminate()
-            process.wait(timeout=30)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # uvicorn waits on streams still being written
+                process.kill()
+                process.wait()
     report(args, results, arrivals, failures, commits, peak, unloaded, loaded)
     admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
 

@@ -13,7 +13,8 @@ echo "${SITE_URL:-http://$HOST:$PORT}" > var/site-url
 $PY -m celery -A evalsite worker --loglevel=INFO --concurrency=2 -B \
   --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
 WORKER=$!
-$PY -m uvicorn evalsite.asgi:application --host "$HOST" --port "$PORT" --log-level warning &
+$PY -m uvicorn evalsite.asgi:application --host "$HOST" --port "$PORT" --log-level warning \
+  --timeout-graceful-shutdown 5 &
 WEB=$!
 nice scripts/install_agents.sh 2>>var/log/agents.log &
 AGENTS=$!
