@@ -251,7 +251,9 @@ def classify(
     2. the parser saw an unrecoverable problem (``fatal``) -> error, even if the runner then
        killed the process (that kill is the consequence, not a cancel);
     3. the runner cancelled it -> cancelled;
-    4. the stream reported an error: ``max_turns``/``max_usd`` -> limit, anything else -> error;
+    4. the stream reported an error: ``max_turns``/``max_usd`` -> limit, anything else -> error,
+       unless the wall clock had run out: the kill then comes first (a CLI stopped for its
+       timeout loses its gateway's forwarder with it and may still report "Unable to connect");
     5. wall-clock timeout -> limit ``timeout``;
     6. killed by a signal nobody sent, or exit 126/127 -> error ``crash``;
     7. a CLI stream that never reached its last line -> error ``no_result``;
@@ -273,10 +275,10 @@ def classify(
         return outcome
     if result.cancelled:
         return _set(outcome, CANCELLED, "cancelled while the agent was running", "cancelled")
-    if parser.error:
-        if parser.error_category in LIMIT_CATEGORIES:
-            category = parser.error_category
-            return _set(outcome, LIMIT, parser.error, category, category)
+    if parser.error and parser.error_category in LIMIT_CATEGORIES:
+        category = parser.error_category
+        return _set(outcome, LIMIT, parser.error, category, category)
+    if parser.error and not result.timed_out:
         return _set(outcome, ERROR, parser.error, parser.error_category or "agent_error")
     if result.timed_out:
         return _set(outcome, LIMIT, "the agent ran past its wall-clock timeout", None, "timeout")

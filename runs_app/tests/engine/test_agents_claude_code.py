@@ -172,6 +172,14 @@ def test_it_flags_a_rejected_key_as_fatal_at_the_first_retry():
     assert (full.status, full.error_category) == ("error", "auth")
 
 
+def test_an_api_error_reported_as_the_cli_is_stopped_for_its_timeout_is_the_timeout():
+    # Stopped for its wall clock, the CLI loses its forwarder first and may say it cannot connect.
+    parser, _ = feed("claude-stream-error-down-retries2.jsonl")
+    outcome = get_agent("claude-code").finish(process(-9, signal=9, timed_out=True, killed=True), parser)
+
+    assert (outcome.status, outcome.limit) == ("limit", "timeout")
+
+
 def test_it_reports_max_turns_as_a_limit_not_an_error():
     parser, outcome = finish("claude-stream-maxturns.jsonl")
 
