@@ -38,7 +38,7 @@ def unavailable(exc: BaseException) -> str | None:
     """ "unreachable" when `exc` says the database cannot be reached, "busy" when every pooled
     connection stayed taken for the pool's timeout; None for any other error."""
     # Only a PostgreSQL pool raises these: importing psycopg for them would cost every process
-    # on the embedded default ~15 MB, so a process that never made the pool has neither.
+    # on the embedded default ~9 MB, so a process that never made the pool has neither.
     pool = sys.modules.get("evalsite.postgresql.pool")
     if pool is None:
         return None
